@@ -1,0 +1,1 @@
+//! The fake LLM server (work in progress).
