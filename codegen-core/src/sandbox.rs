@@ -1,0 +1,1071 @@
+//! The sandbox: which real file a model-supplied path means, and refusing everything else.
+//!
+//! The model is untrusted input. It sees one virtual tree of relative, forward-slash paths:
+//!
+//! - the contents of the **output root** at the top level, readable and writable;
+//! - declared **inputs**, each a real file or folder mounted read-only at a virtual path
+//!   (virtual `src/domain.rs` → `/pkg/src/domain.rs`, or virtual `src` → the folder `/pkg/src`).
+//!
+//! Reads resolve against the inputs first (the path equals a mount or lies under a folder
+//! mount, the most specific mount winning), then under the output root. Writes go only under
+//! the output root and never to, or under, an input.
+//!
+//! Whatever the model did wrong or may not do comes back as a [`Refusal`] whose reason says
+//! what it may do instead, so the conversation can carry on. Genuine I/O failures are
+//! refusals too, naming the virtual path (the model can continue without that file). Only
+//! setting the sandbox up can fail with a [`SandboxError`]: those are the user's problems.
+//!
+//! # Paths the model may give
+//!
+//! Relative, with forward slashes: `src/lib.rs`, `./src//lib.rs/` (normalised to
+//! `src/lib.rs`). Refused: empty paths, NUL bytes and other control characters, absolute
+//! paths (`/x`, `\x`), Windows prefixes (`C:\x`, `C:x`, `\\server\share`, `\\?\x`), any `..`
+//! component, backslashes anywhere and `:` in a name. `.` alone means the root, for
+//! [`Sandbox::list_files`] only.
+//!
+//! # Protected paths
+//!
+//! Never readable, listable or writable, wherever they are: any component starting with
+//! `.env`, a component `.git` or `target`, file names ending in `.pem` or starting with
+//! `id_`, and `.cargo/credentials*`. Matching ignores case (and trailing dots and spaces and
+//! anything after a `:`), for case-insensitive filesystems. It applies both to the virtual
+//! path and to the real path, relative to its root, that the virtual path resolves to.
+//!
+//! # Symbolic links
+//!
+//! Every existing component of a path is inspected without following it; a symbolic link is
+//! resolved and must stay inside the root it sits in (the output root, or the input folder).
+//! One that leads outside is refused for reading and writing and left out of listings. A write
+//! through a link that stays inside writes the file it points to; missing folders are created
+//! one at a time, each checked, and the folder written into is verified to be inside the
+//! output root just before the write.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use walkdir::WalkDir;
+
+use crate::fs::{self as cfs, FsError};
+
+/// How much the model may read and write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest file [`Sandbox::read_file`] returns, in bytes (default 256 KiB).
+    pub max_read_bytes: u64,
+    /// Largest content [`Sandbox::write_file`] accepts, in bytes (default 512 KiB).
+    pub max_write_bytes: u64,
+    /// How many distinct files one step may write (default 64). Rewriting a file already
+    /// written this step does not count again.
+    pub max_files_per_step: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { max_read_bytes: 256 * 1024, max_write_bytes: 512 * 1024, max_files_per_step: 64 }
+    }
+}
+
+/// Declares a [`Sandbox`]: its output root, its read-only inputs and its [`Limits`].
+#[derive(Debug, Clone)]
+pub struct SandboxBuilder {
+    output_root: PathBuf,
+    inputs: Vec<(String, PathBuf)>,
+    limits: Limits,
+}
+
+impl SandboxBuilder {
+    /// Starts a sandbox whose writable output root is `output_root` (created by
+    /// [`build`](SandboxBuilder::build) if missing).
+    pub fn new(output_root: impl Into<PathBuf>) -> SandboxBuilder {
+        SandboxBuilder { output_root: output_root.into(), inputs: Vec::new(), limits: Limits::default() }
+    }
+
+    /// Mounts the real file or folder `real_path` read-only at `virtual_path` (a relative,
+    /// forward-slash path such as `src/domain.rs` or `src`).
+    pub fn input(mut self, virtual_path: impl Into<String>, real_path: impl Into<PathBuf>) -> SandboxBuilder {
+        self.inputs.push((virtual_path.into(), real_path.into()));
+        self
+    }
+
+    /// Replaces the default [`Limits`].
+    pub fn limits(mut self, limits: Limits) -> SandboxBuilder {
+        self.limits = limits;
+        self
+    }
+
+    /// Creates the output root if missing, resolves the roots to canonical paths, and checks
+    /// that every virtual path follows the rules for model paths, is not protected and is
+    /// declared once, and that every real input exists and is a file or a folder.
+    pub fn build(self) -> Result<Sandbox, SandboxError> {
+        cfs::create_dir_all(&self.output_root)?;
+        let output_root = cfs::canonicalize(&self.output_root)?;
+        if !cfs::symlink_metadata(&output_root)?.is_dir() {
+            return Err(SandboxError::OutputRootNotAFolder { path: output_root });
+        }
+
+        let mut mounts: Vec<Mount> = Vec::new();
+        for (virtual_path, real_path) in self.inputs {
+            let bad = |reason: String| SandboxError::BadInputPath { virtual_path: virtual_path.clone(), reason };
+            let comps = normalize(&virtual_path).map_err(bad)?;
+            if comps.is_empty() {
+                return Err(bad("it is the root of the tree; mount inputs at a path such as `src`".into()));
+            }
+            if let Some(why) = protected_reason(&comps, true) {
+                return Err(bad(format!("it is a protected path ({why}), which the model can never read")));
+            }
+            let normalized = comps.join("/");
+            if mounts.iter().any(|m| m.virtual_path == normalized) {
+                return Err(SandboxError::DuplicateInput { virtual_path: normalized });
+            }
+            let real = match cfs::canonicalize(&real_path) {
+                Ok(real) => real,
+                Err(e) if is_missing(&e.source) => {
+                    return Err(SandboxError::MissingInput { virtual_path, real_path });
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let meta = cfs::symlink_metadata(&real)?;
+            if !meta.is_dir() && !meta.is_file() {
+                return Err(SandboxError::UnsupportedInput { virtual_path, real_path });
+            }
+            mounts.push(Mount { virtual_path: normalized, comps, real, is_dir: meta.is_dir() });
+        }
+        for inner in &mounts {
+            if let Some(file) =
+                mounts.iter().find(|m| !m.is_dir && m.comps.len() < inner.comps.len() && inner.comps.starts_with(&m.comps))
+            {
+                return Err(SandboxError::BadInputPath {
+                    virtual_path: inner.virtual_path.clone(),
+                    reason: format!("it lies under the input `{}`, which is a file", file.virtual_path),
+                });
+            }
+        }
+        // Most specific first, so the first mount that claims a path is the one that owns it.
+        mounts.sort_by(|a, b| b.comps.len().cmp(&a.comps.len()));
+
+        Ok(Sandbox { output_root, mounts, limits: self.limits, written: Vec::new() })
+    }
+}
+
+/// One step's view of the files: the output root plus read-only inputs (see the
+/// [module documentation](self)).
+#[derive(Debug)]
+pub struct Sandbox {
+    output_root: PathBuf,
+    /// Most specific (longest virtual path) first.
+    mounts: Vec<Mount>,
+    limits: Limits,
+    written: Vec<String>,
+}
+
+/// What [`Sandbox::write_file`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// The normalised virtual path written.
+    pub path: String,
+    /// The size of the content, in bytes.
+    pub bytes: usize,
+    /// False when the file already held exactly this content (it was left untouched).
+    pub changed: bool,
+}
+
+/// Why the sandbox refused a model's request. The reason says what is allowed instead; it is
+/// meant to be shown to the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The path as the model gave it (normalised when it could be).
+    pub path: String,
+    /// What is wrong and what to do instead.
+    pub reason: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`: {}", self.path, self.reason)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// A sandbox that cannot be set up. These are the user's problems, not the model's.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// Creating or resolving the output root or an input failed.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The output root exists but is not a folder.
+    #[error("the output root `{}` is not a folder", path.display())]
+    OutputRootNotAFolder {
+        /// The output root.
+        path: PathBuf,
+    },
+    /// An input's virtual path breaks the rules for paths.
+    #[error("the input path `{virtual_path}` cannot be used: {reason}")]
+    BadInputPath {
+        /// The virtual path as declared.
+        virtual_path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Two inputs are mounted at the same virtual path.
+    #[error("the input path `{virtual_path}` is declared twice")]
+    DuplicateInput {
+        /// The normalised virtual path.
+        virtual_path: String,
+    },
+    /// An input's real path does not exist.
+    #[error("the input `{virtual_path}` refers to `{}`, which does not exist", real_path.display())]
+    MissingInput {
+        /// The virtual path as declared.
+        virtual_path: String,
+        /// The real path as declared.
+        real_path: PathBuf,
+    },
+    /// An input's real path is neither a file nor a folder (a device, a socket, a pipe).
+    #[error("the input `{virtual_path}` refers to `{}`, which is neither a file nor a folder", real_path.display())]
+    UnsupportedInput {
+        /// The virtual path as declared.
+        virtual_path: String,
+        /// The real path as declared.
+        real_path: PathBuf,
+    },
+}
+
+/// A real file or folder mounted read-only at a virtual path.
+#[derive(Debug, Clone)]
+struct Mount {
+    virtual_path: String,
+    comps: Vec<String>,
+    /// Canonical.
+    real: PathBuf,
+    is_dir: bool,
+}
+
+/// The root a virtual path lies in: the output root or one input.
+#[derive(Clone, Copy)]
+struct Area<'a> {
+    /// Canonical; nothing may resolve outside it.
+    root: &'a Path,
+    /// The virtual path of `root`.
+    base: &'a [String],
+    mount: Option<&'a Mount>,
+}
+
+impl Area<'_> {
+    fn describe(&self) -> String {
+        match self.mount {
+            Some(m) => format!("the read-only input `{}`", m.virtual_path),
+            None => "the output folder".to_owned(),
+        }
+    }
+
+    /// The virtual path of `rest` under this area.
+    fn virtual_of(&self, rest: &[String]) -> String {
+        self.base.iter().chain(rest).map(String::as_str).collect::<Vec<_>>().join("/")
+    }
+
+    fn same(&self, other: &Area<'_>) -> bool {
+        match (self.mount, other.mount) {
+            (Some(a), Some(b)) => std::ptr::eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+/// How far a relative path resolves: the canonical path of its deepest existing part, and
+/// the components after it that do not exist.
+struct Resolved {
+    path: PathBuf,
+    missing: Vec<String>,
+}
+
+const EXAMPLE: &str = "src/lib.rs";
+
+impl Sandbox {
+    /// Same as [`SandboxBuilder::new`].
+    pub fn builder(output_root: impl Into<PathBuf>) -> SandboxBuilder {
+        SandboxBuilder::new(output_root)
+    }
+
+    /// The canonical output root.
+    pub fn output_root(&self) -> &Path {
+        &self.output_root
+    }
+
+    /// The full text of the file at the model-supplied `path`.
+    ///
+    /// Refused: invalid or protected paths, paths whose resolution leaves its root, missing
+    /// files (with close matches when there are any), folders, non-UTF-8 files, files over
+    /// [`Limits::max_read_bytes`], and I/O failures.
+    pub fn read_file(&self, path: &str) -> Result<String, Refusal> {
+        let comps = normalize(path).map_err(|reason| refusal(shown(path), reason))?;
+        let vpath = comps.join("/");
+        if comps.is_empty() {
+            return Err(refusal(
+                ".",
+                "is the root folder, not a file; call list_files to see the files, then read one of them",
+            ));
+        }
+        if let Some(why) = protected_reason(&comps, true) {
+            return Err(refusal(vpath, format!("is protected ({why}) and cannot be read; read the project's source files instead")));
+        }
+        if self.is_virtual_folder(&comps) {
+            return Err(folder_refusal(&vpath));
+        }
+        let area = self.locate(&comps);
+        let rest = comps.get(area.base.len()..).unwrap_or_default();
+        if let Some(m) = area.mount {
+            if !m.is_dir && !rest.is_empty() {
+                return Err(refusal(
+                    vpath,
+                    format!("no such file: `{}` is a file, not a folder; call list_files to see the files you can read", m.virtual_path),
+                ));
+            }
+        }
+        let resolved = resolve(&area, rest, &vpath)?;
+        if !resolved.missing.is_empty() {
+            return Err(self.missing_refusal(&vpath, &comps));
+        }
+        check_real_protected(&area, &resolved, &vpath, "read", true)?;
+        let meta = cfs::symlink_metadata(&resolved.path).map_err(|e| io_refusal(&vpath, &e))?;
+        if meta.is_dir() {
+            return Err(folder_refusal(&vpath));
+        }
+        if !meta.is_file() {
+            return Err(refusal(vpath, "is not a regular file (it is a device, a socket or a pipe); only text files can be read"));
+        }
+        let max = self.limits.max_read_bytes;
+        let too_big = |size: u64| {
+            refusal(
+                &vpath,
+                format!(
+                    "is {size} bytes, over the read limit of {max} bytes; it cannot be read, so work from the other files"
+                ),
+            )
+        };
+        if meta.len() > max {
+            return Err(too_big(meta.len()));
+        }
+        let bytes = cfs::read(&resolved.path).map_err(|e| io_refusal(&vpath, &e))?;
+        if bytes.len() as u64 > max {
+            return Err(too_big(bytes.len() as u64));
+        }
+        String::from_utf8(bytes).map_err(|_| {
+            refusal(&vpath, "is not a UTF-8 text file (it is binary or in another encoding); only text files can be read")
+        })
+    }
+
+    /// Writes `content` to the model-supplied `path` under the output root, atomically,
+    /// creating folders as needed. Identical content leaves the file untouched
+    /// (`changed: false`).
+    ///
+    /// Refused: invalid or protected paths, inputs and the folders that hold them, paths
+    /// whose resolution leaves the output root, folders, content over
+    /// [`Limits::max_write_bytes`], a new file beyond [`Limits::max_files_per_step`], and I/O
+    /// failures.
+    pub fn write_file(&mut self, path: &str, content: &str) -> Result<WriteOutcome, Refusal> {
+        let comps = normalize(path).map_err(|reason| refusal(shown(path), reason))?;
+        let vpath = comps.join("/");
+        if comps.is_empty() {
+            return Err(refusal(".", format!("is the root folder, not a file; give a file path such as `{EXAMPLE}`")));
+        }
+        if let Some(why) = protected_reason(&comps, true) {
+            return Err(refusal(
+                vpath,
+                format!("is protected ({why}) and cannot be written; write generated files elsewhere, e.g. `{}`", self.elsewhere(&comps)),
+            ));
+        }
+        if let Some(m) = self.mounts.iter().find(|m| comps.starts_with(&m.comps)) {
+            let what = if m.comps == comps {
+                "is a read-only input".to_owned()
+            } else {
+                format!("lies under `{}`, a read-only input", m.virtual_path)
+            };
+            return Err(refusal(
+                vpath,
+                format!("{what}; write generated files elsewhere, e.g. `{}`", self.elsewhere(&comps)),
+            ));
+        }
+        if self.is_virtual_folder(&comps) {
+            return Err(refusal(
+                vpath,
+                format!("is a folder holding read-only inputs; write generated files elsewhere, e.g. `{}`", self.elsewhere(&comps)),
+            ));
+        }
+        let max = self.limits.max_write_bytes;
+        if content.len() as u64 > max {
+            return Err(refusal(
+                vpath,
+                format!(
+                    "the content is {} bytes, over the write limit of {max} bytes; split it into smaller files",
+                    content.len()
+                ),
+            ));
+        }
+        let already = self.written.contains(&vpath);
+        let cap = self.limits.max_files_per_step;
+        if !already && self.written.len() >= cap {
+            return Err(refusal(
+                vpath,
+                format!(
+                    "this step has already written {} distinct files, the limit of {cap}; rewrite one of those ({}) or finish",
+                    self.written.len(),
+                    quoted_list(&self.written, 5)
+                ),
+            ));
+        }
+
+        let target = self.prepare_write(&comps, &vpath)?;
+        let changed = cfs::write_if_changed(&target, content.as_bytes()).map_err(|e| io_refusal(&vpath, &e))?;
+        if !already {
+            self.written.push(vpath.clone());
+        }
+        Ok(WriteOutcome { path: vpath, bytes: content.len(), changed })
+    }
+
+    /// The sorted virtual paths of every readable file, inputs and output root alike, or only
+    /// of those under the folder `dir` (`None`, `""` and `"."` mean everything). Protected
+    /// paths, symbolic links that lead outside their root and names the model could not
+    /// address are left out. A `dir` that is not a folder is refused, naming the top-level
+    /// folders that do exist.
+    pub fn list_files(&self, dir: Option<&str>) -> Result<Vec<String>, Refusal> {
+        let comps = match dir {
+            None => Vec::new(),
+            Some(d) if d.trim().is_empty() => Vec::new(),
+            Some(d) => normalize(d).map_err(|reason| refusal(shown(d), reason))?,
+        };
+        let vpath = if comps.is_empty() { ".".to_owned() } else { comps.join("/") };
+        if let Some(why) = protected_reason(&comps, false) {
+            return Err(refusal(vpath, format!("is protected ({why}) and cannot be listed; list another folder")));
+        }
+        let mut out = BTreeSet::new();
+        let mut found = comps.is_empty();
+
+        for m in &self.mounts {
+            let area = Area { root: &m.real, base: &m.comps, mount: Some(m) };
+            if m.comps.starts_with(&comps) {
+                // The mount is the folder asked for, or lies under it.
+                if !m.is_dir {
+                    if m.comps == comps {
+                        return Err(file_not_folder(&vpath));
+                    }
+                    if is_regular_file(&m.real) {
+                        out.insert(m.virtual_path.clone());
+                    }
+                } else {
+                    self.walk(&area, &m.real, &m.comps, &mut out);
+                }
+                found = true;
+            } else if comps.starts_with(&m.comps) && self.locate(&comps).mount.is_some_and(|owner| std::ptr::eq(owner, m)) {
+                // The folder asked for lies inside this mount.
+                if !m.is_dir {
+                    continue;
+                }
+                let rest = comps.get(m.comps.len()..).unwrap_or_default();
+                let resolved = resolve(&area, rest, &vpath)?;
+                if !resolved.missing.is_empty() {
+                    continue;
+                }
+                check_real_protected(&area, &resolved, &vpath, "listed", false)?;
+                let meta = cfs::symlink_metadata(&resolved.path).map_err(|e| io_refusal(&vpath, &e))?;
+                if !meta.is_dir() {
+                    return Err(file_not_folder(&vpath));
+                }
+                self.walk(&area, &resolved.path, &comps, &mut out);
+                found = true;
+            }
+        }
+
+        if self.locate(&comps).mount.is_none() {
+            let area = self.output_area();
+            let resolved = resolve(&area, &comps, &vpath)?;
+            if resolved.missing.is_empty() {
+                check_real_protected(&area, &resolved, &vpath, "listed", false)?;
+                let meta = cfs::symlink_metadata(&resolved.path).map_err(|e| io_refusal(&vpath, &e))?;
+                if meta.is_dir() {
+                    self.walk(&area, &resolved.path, &comps, &mut out);
+                    found = true;
+                } else if !found {
+                    return Err(file_not_folder(&vpath));
+                }
+            }
+        }
+
+        if !found {
+            let folders = self.top_folders();
+            let reason = if folders.is_empty() {
+                "no such folder, and there are no folders at the top level; call list_files without `dir` to see every file"
+                    .to_owned()
+            } else {
+                format!(
+                    "no such folder; the folders at the top level are {}; or call list_files without `dir` to see every file",
+                    quoted_list(&folders, 20)
+                )
+            };
+            return Err(refusal(vpath, reason));
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Whether the output root holds a regular file at the user-declared relative `path`
+    /// (reached without leaving the output root).
+    pub fn output_exists(&self, path: &str) -> bool {
+        let Ok(comps) = normalize(path) else { return false };
+        if comps.is_empty() {
+            return false;
+        }
+        match resolve(&self.output_area(), &comps, path) {
+            Ok(resolved) => resolved.missing.is_empty() && is_regular_file(&resolved.path),
+            Err(_) => false,
+        }
+    }
+
+    /// The virtual paths written during this step, in first-write order.
+    pub fn written(&self) -> &[String] {
+        &self.written
+    }
+
+    fn output_area(&self) -> Area<'_> {
+        Area { root: &self.output_root, base: &[], mount: None }
+    }
+
+    /// The area that owns `comps` when reading: the most specific mount the path equals or
+    /// lies under (a file mount only when equal or under it), else the output root.
+    fn locate(&self, comps: &[String]) -> Area<'_> {
+        self.mounts
+            .iter()
+            .find(|m| comps.starts_with(&m.comps))
+            .map(|m| Area { root: &m.real, base: &m.comps, mount: Some(m) })
+            .unwrap_or_else(|| self.output_area())
+    }
+
+    /// Whether `comps` is a folder of the virtual tree made by mounts below it, e.g. `src`
+    /// when `src/domain.rs` is mounted.
+    fn is_virtual_folder(&self, comps: &[String]) -> bool {
+        self.mounts.iter().any(|m| m.comps.len() > comps.len() && m.comps.starts_with(comps))
+    }
+
+    /// A path to suggest instead of writing to `comps`: its file name at the top level of the
+    /// output, unless inputs claim that too.
+    fn elsewhere(&self, comps: &[String]) -> String {
+        let name = comps.last().map(String::as_str).unwrap_or("generated.rs");
+        let top = [name.to_owned()];
+        let claimed = |c: &[String]| {
+            self.mounts.iter().any(|m| c.starts_with(&m.comps) || m.comps.starts_with(c))
+                || protected_reason(c, true).is_some()
+        };
+        if !claimed(&top) {
+            name.to_owned()
+        } else if !claimed(&["generated".to_owned(), name.to_owned()]) {
+            format!("generated/{name}")
+        } else {
+            "generated/output.rs".to_owned()
+        }
+    }
+
+    /// Resolves `comps` inside the output root, creating missing folders one at a time, and
+    /// returns the real path to write.
+    fn prepare_write(&self, comps: &[String], vpath: &str) -> Result<PathBuf, Refusal> {
+        let area = self.output_area();
+        let root = area.root;
+        let resolved = resolve(&area, comps, vpath)?;
+        check_real_protected(&area, &resolved, vpath, "written", true)?;
+        let mut planned = resolved.path.clone();
+        planned.extend(&resolved.missing);
+        // An input may lie inside the output root; its real path is read-only too.
+        if let Some(m) = self.mounts.iter().find(|m| {
+            m.real.starts_with(root) && if m.is_dir { planned.starts_with(&m.real) } else { planned == m.real }
+        }) {
+            return Err(refusal(
+                vpath,
+                format!(
+                    "is the same file as the read-only input `{}`; write generated files elsewhere, e.g. `{}`",
+                    m.virtual_path,
+                    self.elsewhere(comps)
+                ),
+            ));
+        }
+
+        let target = match resolved.missing.split_last() {
+            None => {
+                let meta = cfs::symlink_metadata(&resolved.path).map_err(|e| io_refusal(vpath, &e))?;
+                if meta.is_dir() {
+                    return Err(refusal(
+                        vpath,
+                        format!("is a folder; give the path of a file inside it, e.g. `{vpath}/new_file.rs`"),
+                    ));
+                }
+                if !meta.is_file() {
+                    return Err(refusal(vpath, "is not a regular file (it is a device, a socket or a pipe); write elsewhere"));
+                }
+                resolved.path
+            }
+            Some((name, folders)) => {
+                let mut dir = resolved.path;
+                let existing = comps.len() - resolved.missing.len();
+                let meta = cfs::symlink_metadata(&dir).map_err(|e| io_refusal(vpath, &e))?;
+                if !meta.is_dir() {
+                    let file = comps.get(..existing).unwrap_or_default().join("/");
+                    return Err(refusal(vpath, format!("`{file}` is a file, not a folder; choose another path")));
+                }
+                for folder in folders {
+                    let next = dir.join(folder);
+                    cfs::create_dir_all(&next).map_err(|e| io_refusal(vpath, &e))?;
+                    let meta = cfs::symlink_metadata(&next).map_err(|e| io_refusal(vpath, &e))?;
+                    if !meta.is_dir() {
+                        return Err(refusal(vpath, "a folder on the way changed while it was being created; try again"));
+                    }
+                    dir = next;
+                }
+                dir.join(name)
+            }
+        };
+
+        let parent = target.parent().unwrap_or(root);
+        let canonical_parent = cfs::canonicalize(parent).map_err(|e| io_refusal(vpath, &e))?;
+        if !canonical_parent.starts_with(root) {
+            return Err(refusal(vpath, "leads outside the output folder; write inside it"));
+        }
+        Ok(target)
+    }
+
+    /// Adds the files under `start` (canonical, inside `area`) to `out` as virtual paths under
+    /// `vstart`.
+    fn walk(&self, area: &Area<'_>, start: &Path, vstart: &[String], out: &mut BTreeSet<String>) {
+        let start_rel = real_rel(area.root, start);
+        let names = |path: &Path| -> Option<(Vec<String>, Vec<String>)> {
+            let rel = entry_comps(path, start)?;
+            let vcomps: Vec<String> = vstart.iter().chain(&rel).cloned().collect();
+            let rcomps: Vec<String> = start_rel.iter().chain(&rel).cloned().collect();
+            Some((vcomps, rcomps))
+        };
+        let walker = WalkDir::new(start).follow_links(false).min_depth(1).into_iter().filter_entry(|entry| {
+            if !entry.file_type().is_dir() {
+                return true;
+            }
+            match names(entry.path()) {
+                Some((v, r)) => protected_reason(&v, false).is_none() && protected_reason(&r, false).is_none(),
+                None => false,
+            }
+        });
+        for entry in walker.flatten() {
+            let Some((vcomps, rcomps)) = names(entry.path()) else { continue };
+            if protected_reason(&vcomps, true).is_some() || protected_reason(&rcomps, true).is_some() {
+                continue;
+            }
+            let file_type = entry.file_type();
+            let readable = if file_type.is_file() {
+                true
+            } else if file_type.is_symlink() {
+                link_to_file_inside(area.root, entry.path())
+            } else {
+                false
+            };
+            if !readable || self.is_virtual_folder(&vcomps) || !self.locate(&vcomps).same(area) {
+                continue;
+            }
+            out.insert(vcomps.join("/"));
+        }
+    }
+
+    /// The folders at the top of the virtual tree.
+    fn top_folders(&self) -> Vec<String> {
+        let mut folders = BTreeSet::new();
+        for m in &self.mounts {
+            if m.is_dir || m.comps.len() > 1 {
+                if let Some(first) = m.comps.first() {
+                    folders.insert(first.clone());
+                }
+            }
+        }
+        for entry in WalkDir::new(&self.output_root).follow_links(false).min_depth(1).max_depth(1).into_iter().flatten() {
+            if !entry.file_type().is_dir() {
+                continue;
+            }
+            if let Some(name) = entry.file_name().to_str() {
+                let comps = [name.to_owned()];
+                if normalize(name).ok().as_deref() == Some(&comps[..]) && protected_reason(&comps, false).is_none() {
+                    folders.insert(name.to_owned());
+                }
+            }
+        }
+        folders.into_iter().collect()
+    }
+
+    /// "No such file", naming files with the same name elsewhere.
+    fn missing_refusal(&self, vpath: &str, comps: &[String]) -> Refusal {
+        let name = comps.last().map(|n| fold(n)).unwrap_or_default();
+        let all = self.list_files(None).unwrap_or_default();
+        let similar: Vec<String> = all
+            .into_iter()
+            .filter(|p| p.rsplit('/').next().is_some_and(|n| fold(n) == name))
+            .take(5)
+            .collect();
+        if similar.is_empty() {
+            refusal(vpath, "no such file; call list_files to see the files you can read")
+        } else {
+            refusal(
+                vpath,
+                format!("no such file; did you mean {}? (list_files shows every file you can read)", quoted_list(&similar, 5)),
+            )
+        }
+    }
+}
+
+fn refusal(path: impl Into<String>, reason: impl Into<String>) -> Refusal {
+    Refusal { path: path.into(), reason: reason.into() }
+}
+
+fn folder_refusal(vpath: &str) -> Refusal {
+    refusal(vpath, format!("is a folder, not a file; call list_files with dir `{vpath}` to see its files"))
+}
+
+fn file_not_folder(vpath: &str) -> Refusal {
+    refusal(vpath, "is a file, not a folder; read it with read_file, or call list_files without `dir`")
+}
+
+/// An I/O failure, naming the virtual path but not the real one.
+fn io_refusal(vpath: &str, e: &FsError) -> Refusal {
+    refusal(vpath, format!("I/O error: failed to {}: {}; continue without this file or try another path", e.op, e.source))
+}
+
+fn is_missing(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory)
+}
+
+fn is_regular_file(path: &Path) -> bool {
+    cfs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// Whether the symbolic link `link` resolves to a regular, unprotected file inside `root`.
+fn link_to_file_inside(root: &Path, link: &Path) -> bool {
+    match cfs::canonicalize(link) {
+        Ok(target) => {
+            target.starts_with(root)
+                && is_regular_file(&target)
+                && protected_reason(&real_rel(root, &target), true).is_none()
+        }
+        Err(_) => false,
+    }
+}
+
+/// `path` relative to `start` as model-addressable names, or None if any name is not (not
+/// UTF-8, or breaking the path rules).
+fn entry_comps(path: &Path, start: &Path) -> Option<Vec<String>> {
+    let rel = path.strip_prefix(start).ok()?;
+    let mut comps = Vec::new();
+    for comp in rel.components() {
+        let name = comp.as_os_str().to_str()?;
+        if normalize(name).ok()?.as_slice() != [name] {
+            return None;
+        }
+        comps.push(name.to_owned());
+    }
+    Some(comps)
+}
+
+/// `path` relative to `root`, one string per component (empty when not under it).
+fn real_rel(root: &Path, path: &Path) -> Vec<String> {
+    path.strip_prefix(root)
+        .map(|rel| rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// Walks `rest` down from `area.root`, inspecting each existing component without following
+/// it. A symbolic link is resolved and must stay inside the root. Stops at the first missing
+/// component.
+fn resolve(area: &Area<'_>, rest: &[String], vpath: &str) -> Result<Resolved, Refusal> {
+    let mut current = area.root.to_path_buf();
+    for (i, comp) in rest.iter().enumerate() {
+        let next = current.join(comp);
+        let meta = match cfs::symlink_metadata(&next) {
+            Ok(meta) => meta,
+            Err(e) if is_missing(&e.source) => {
+                return Ok(Resolved { path: current, missing: rest.get(i..).unwrap_or_default().to_vec() });
+            }
+            Err(e) => return Err(io_refusal(vpath, &e)),
+        };
+        if meta.file_type().is_symlink() {
+            let link = area.virtual_of(rest.get(..=i).unwrap_or_default());
+            let target = match cfs::canonicalize(&next) {
+                Ok(target) => target,
+                Err(e) if is_missing(&e.source) => {
+                    return Err(refusal(
+                        vpath,
+                        format!("`{link}` is a symbolic link to something that does not exist; use a path that list_files shows"),
+                    ));
+                }
+                Err(e) => return Err(io_refusal(vpath, &e)),
+            };
+            if !target.starts_with(area.root) {
+                return Err(refusal(
+                    vpath,
+                    format!(
+                        "`{link}` is a symbolic link to a location outside {}; only paths inside it can be used (list_files shows them)",
+                        area.describe()
+                    ),
+                ));
+            }
+            current = target;
+        } else {
+            current = next;
+        }
+    }
+    Ok(Resolved { path: current, missing: Vec::new() })
+}
+
+/// Refuses when the real path `resolved` stands for, relative to its root, is protected.
+fn check_real_protected(area: &Area<'_>, resolved: &Resolved, vpath: &str, verb: &str, file: bool) -> Result<(), Refusal> {
+    let mut rel = real_rel(area.root, &resolved.path);
+    rel.extend(resolved.missing.iter().cloned());
+    match protected_reason(&rel, file) {
+        Some(why) => Err(refusal(vpath, format!("leads to a protected path ({why}); it cannot be {verb}"))),
+        None => Ok(()),
+    }
+}
+
+/// Splits a model-supplied path into its components, or says why it is not acceptable.
+/// `""`-free: `./a//b/` gives `["a", "b"]`; `.` gives no components.
+fn normalize(path: &str) -> Result<Vec<String>, String> {
+    if path.trim().is_empty() {
+        return Err(format!("the path is empty; give a relative path such as `{EXAMPLE}`"));
+    }
+    if path.contains('\0') {
+        return Err(format!("the path contains a NUL byte; give a plain relative path such as `{EXAMPLE}`"));
+    }
+    if path.starts_with("\\\\") {
+        return Err(format!(
+            "is a Windows network or device path; give a path relative to the project root with forward slashes, such as `{EXAMPLE}`"
+        ));
+    }
+    if has_drive_prefix(path) {
+        return Err(format!(
+            "is a Windows drive path; give a path relative to the project root with forward slashes, such as `{EXAMPLE}`"
+        ));
+    }
+    if path.starts_with('/') || path.starts_with('\\') {
+        let relative = path.trim_start_matches(['/', '\\']).replace('\\', "/");
+        let example = if relative.trim().is_empty() { EXAMPLE.to_owned() } else { shown(&relative) };
+        return Err(format!("is an absolute path; paths are relative to the project root, e.g. `{example}`"));
+    }
+    if path.contains('\\') {
+        return Err(format!("contains a backslash; use forward slashes, e.g. `{}`", shown(&path.replace('\\', "/"))));
+    }
+    if path.chars().any(char::is_control) {
+        return Err(format!(
+            "contains a control character such as a newline or a tab; give the path alone, e.g. `{EXAMPLE}`"
+        ));
+    }
+    let mut comps = Vec::new();
+    for comp in path.split('/') {
+        match comp {
+            "" | "." => continue,
+            ".." => {
+                return Err(format!(
+                    "contains `..`; paths cannot leave the project root, so give the path from the root down, e.g. `{EXAMPLE}`"
+                ));
+            }
+            _ if comp.contains(':') => {
+                return Err("contains `:`, which file names may not contain; use letters, digits, `-`, `_` and `.`".to_owned());
+            }
+            _ => comps.push(comp.to_owned()),
+        }
+    }
+    Ok(comps)
+}
+
+fn has_drive_prefix(path: &str) -> bool {
+    let mut chars = path.chars();
+    matches!((chars.next(), chars.next()), (Some(letter), Some(':')) if letter.is_ascii_alphabetic())
+}
+
+/// A component as a case-insensitive filesystem might see it: lower case, without trailing
+/// dots and spaces (ignored by Windows) or an alternate data stream (`name:stream`).
+fn fold(comp: &str) -> String {
+    let comp = comp.split(':').next().unwrap_or(comp);
+    comp.trim_end_matches(['.', ' '])
+        .chars()
+        .flat_map(char::to_lowercase)
+        .map(|c| if c == 'ſ' { 's' } else { c })
+        .collect()
+}
+
+/// Why the path `comps` is protected, or None. `last_is_file` applies the file-name rules
+/// (`*.pem`, `id_*`) to the last component.
+fn protected_reason<S: AsRef<str>>(comps: &[S], last_is_file: bool) -> Option<&'static str> {
+    let folded: Vec<String> = comps.iter().map(|c| fold(c.as_ref())).collect();
+    let mut previous: Option<&str> = None;
+    for comp in &folded {
+        if comp.starts_with(".env") {
+            return Some("`.env` files hold secrets");
+        }
+        if comp == ".git" {
+            return Some("`.git` is version control");
+        }
+        if comp == "target" {
+            return Some("`target` is build output");
+        }
+        if previous == Some(".cargo") && comp.starts_with("credentials") {
+            return Some("`.cargo/credentials` holds registry tokens");
+        }
+        previous = Some(comp);
+    }
+    if last_is_file {
+        if let Some(name) = folded.last() {
+            if name.ends_with(".pem") {
+                return Some("`.pem` files hold keys and certificates");
+            }
+            if name.starts_with("id_") {
+                return Some("`id_*` files hold SSH keys");
+            }
+        }
+    }
+    None
+}
+
+/// A path safe to show: control characters escaped, long paths cut short.
+fn shown(path: &str) -> String {
+    const MAX_CHARS: usize = 200;
+    let mut out = String::new();
+    for (i, c) in path.chars().enumerate() {
+        if i == MAX_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// "`a`, `b`, `c`" with at most `max` items, then "and N more".
+fn quoted_list(items: &[String], max: usize) -> String {
+    let mut list: Vec<String> = items.iter().take(max).map(|i| format!("`{i}`")).collect();
+    if items.len() > max {
+        list.push(format!("and {} more", items.len() - max));
+    }
+    list.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ok(path: &str) -> Vec<String> {
+        normalize(path).unwrap_or_else(|e| panic!("{path:?} refused: {e}"))
+    }
+
+    #[test]
+    fn sandbox_normalises_dots_and_repeated_slashes() {
+        assert_eq!(ok("./a//b/"), ["a", "b"]);
+        assert_eq!(ok("a/./b"), ["a", "b"]);
+        assert!(ok(".").is_empty());
+        assert!(ok("./").is_empty());
+        assert_eq!(ok("src/lib.rs"), ["src", "lib.rs"]);
+        assert_eq!(ok("ünïcødé/файл.rs"), ["ünïcødé", "файл.rs"]);
+    }
+
+    #[test]
+    fn sandbox_refuses_each_malformed_path_with_its_reason() {
+        let cases = [
+            ("", "empty"),
+            ("   ", "empty"),
+            ("a\0b", "NUL"),
+            ("/etc/passwd", "absolute"),
+            ("\\etc", "absolute"),
+            ("C:\\x", "drive"),
+            ("C:x", "drive"),
+            ("c:/x", "drive"),
+            ("\\\\server\\share", "network"),
+            ("\\\\?\\C:\\x", "network"),
+            ("a\\b", "forward slashes"),
+            ("../x", "`..`"),
+            ("a/../../x", "`..`"),
+            ("a/..", "`..`"),
+            ("a\nb", "control character"),
+            ("a/b:c", "`:`"),
+        ];
+        for (path, fact) in cases {
+            let reason = normalize(path).expect_err(path);
+            assert!(reason.contains(fact), "{path:?}: {reason}");
+        }
+        assert!(normalize("/src/lib.rs").unwrap_err().contains("e.g. `src/lib.rs`"));
+        assert!(normalize("a\\b").unwrap_err().contains("`a/b`"));
+    }
+
+    #[test]
+    fn sandbox_protected_paths_match_ignoring_case() {
+        for path in [
+            ".env",
+            ".env.local",
+            "a/.ENV",
+            ".git/config",
+            "x/.Git/HEAD",
+            "target/debug/x",
+            "crate/TARGET/x.rs",
+            "certs/server.pem",
+            "k.PEM",
+            "ssh/id_rsa",
+            "ID_ed25519.pub",
+            ".cargo/credentials",
+            ".cargo/credentials.toml",
+            ".CARGO/Credentials.TOML",
+            "target./x",
+            ".git. /x",
+            ".cargo/credentialſ",
+        ] {
+            let comps = ok(path);
+            assert!(protected_reason(&comps, true).is_some(), "{path} should be protected");
+        }
+        for path in ["src/lib.rs", "environment.rs", "targets/x.rs", ".cargo/config.toml", "pem.rs", "my_id_x.rs"] {
+            assert!(protected_reason(&ok(path), true).is_none(), "{path} should not be protected");
+        }
+        // File-name rules only apply to files.
+        assert!(protected_reason(&ok("keys.pem"), false).is_none());
+        assert!(protected_reason(&ok("id_dir/x.rs"), true).is_none());
+    }
+
+    #[test]
+    fn sandbox_shown_paths_escape_control_characters_and_stay_short() {
+        assert_eq!(shown("a\nb"), "a\\nb");
+        let long = "é".repeat(500);
+        assert_eq!(shown(&long).chars().count(), 201);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn sandbox_never_panics_or_escapes_on_any_model_string(
+            path in prop_oneof![
+                any::<String>(),
+                "[a-zA-Z0-9._/\\\\:\\- \u{0}\n~é]{0,24}",
+                "(\\.\\.|\\.|a|link|\\.env|target|C:|/|\\\\){0,6}",
+            ]
+        ) {
+            let outside = tempfile::tempdir().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("out");
+            std::fs::create_dir_all(root.join("a")).unwrap();
+            std::fs::write(root.join("a/file.rs"), "x").unwrap();
+            #[cfg(unix)]
+            std::os::unix::fs::symlink(outside.path(), root.join("link")).unwrap();
+            let mut sandbox = Sandbox::builder(&root).build().unwrap();
+            let _ = sandbox.read_file(&path);
+            let _ = sandbox.list_files(Some(&path));
+            let _ = sandbox.output_exists(&path);
+            if let Ok(outcome) = sandbox.write_file(&path, "y") {
+                prop_assert!(sandbox.output_exists(&outcome.path));
+            }
+            prop_assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+            prop_assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        }
+    }
+}

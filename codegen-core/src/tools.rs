@@ -6,7 +6,8 @@
 
 use serde_json::json;
 
-use crate::chat::ToolSpec;
+use crate::chat::{Arguments, ToolSpec};
+use crate::sandbox::Sandbox;
 
 /// `read_file(path)`.
 pub const READ_FILE: &str = "read_file";
@@ -77,4 +78,110 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
     ]
+}
+
+/// What running one tool call came to.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ToolOutcome {
+    /// It ran; the text goes back to the model.
+    Ran(String),
+    /// It was refused; the text says what was wrong and what is allowed, for the model.
+    Refused(String),
+    /// The model called `finish` with this summary (the loop decides whether to accept it).
+    Finish(String),
+}
+
+/// Runs one call against the sandbox. Every way the model can get a call wrong (unknown
+/// tool, malformed or missing arguments, a path the sandbox refuses) is a
+/// [`ToolOutcome::Refused`] naming the exact problem; nothing here fails the step.
+pub(crate) fn execute(name: &str, arguments: &Arguments, sandbox: &mut Sandbox) -> ToolOutcome {
+    let args = match arguments {
+        Arguments::Object(map) => map,
+        Arguments::Malformed { raw, error } => {
+            return ToolOutcome::Refused(format!(
+                "the arguments of `{name}` could not be read ({error}). They must be one JSON object, \
+                 e.g. {}; you sent: {}",
+                example_arguments(name),
+                crate::backend::excerpt(raw, 200)
+            ));
+        }
+    };
+    let result = match name {
+        READ_FILE => string_arg(name, args, "path").map(|path| sandbox.read_file(path).map_err(|r| r.to_string())),
+        WRITE_FILE => string_arg(name, args, "path").and_then(|path| {
+            let content = string_arg(name, args, "content")?;
+            Ok(sandbox
+                .write_file(path, content)
+                .map(|w| {
+                    let state = if w.changed { "written" } else { "unchanged (same content)" };
+                    format!("{}: {state}, {} bytes.", w.path, w.bytes)
+                })
+                .map_err(|r| r.to_string()))
+        }),
+        LIST_FILES => optional_string_arg(name, args, "dir").map(|dir| {
+            sandbox.list_files(dir).map(|files| {
+                if files.is_empty() { "(no files yet)".to_string() } else { files.join("\n") }
+            })
+            .map_err(|r| r.to_string())
+        }),
+        FINISH => {
+            return match optional_string_arg(name, args, "summary") {
+                Ok(summary) => ToolOutcome::Finish(summary.unwrap_or_default().to_string()),
+                Err(problem) => ToolOutcome::Refused(problem),
+            };
+        }
+        unknown => Err(format!(
+            "there is no tool `{}`. The tools are: {}.",
+            crate::backend::excerpt(unknown, 60),
+            TOOL_NAMES.join(", ")
+        )),
+    };
+    match result {
+        Ok(Ok(text)) => ToolOutcome::Ran(text),
+        Ok(Err(problem)) | Err(problem) => ToolOutcome::Refused(problem),
+    }
+}
+
+type Args = serde_json::Map<String, serde_json::Value>;
+
+fn string_arg<'a>(tool: &str, args: &'a Args, key: &str) -> Result<&'a str, String> {
+    match args.get(key) {
+        Some(serde_json::Value::String(s)) => Ok(s),
+        Some(other) => Err(format!(
+            "`{tool}` needs `{key}` to be a string, and it was {}. Send e.g. {}.",
+            crate::chat::json_kind(other),
+            example_arguments(tool)
+        )),
+        None => Err(format!(
+            "`{tool}` needs the argument `{key}`{}. Send e.g. {}.",
+            received_keys(args),
+            example_arguments(tool)
+        )),
+    }
+}
+
+fn optional_string_arg<'a>(tool: &str, args: &'a Args, key: &str) -> Result<Option<&'a str>, String> {
+    match args.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(_) => string_arg(tool, args, key).map(Some),
+    }
+}
+
+fn received_keys(args: &Args) -> String {
+    if args.is_empty() {
+        " and no arguments were sent".to_string()
+    } else {
+        let keys: Vec<String> = args.keys().map(|k| format!("`{}`", crate::backend::excerpt(k, 40))).collect();
+        format!(" and got only {}", keys.join(", "))
+    }
+}
+
+fn example_arguments(tool: &str) -> &'static str {
+    match tool {
+        READ_FILE => r#"{"path": "src/view.rs"}"#,
+        WRITE_FILE => r#"{"path": "view.rs", "content": "<the whole file>"}"#,
+        LIST_FILES => r#"{"dir": "src"} or {}"#,
+        FINISH => r#"{"summary": "Wrote view.rs."}"#,
+        _ => r#"{"path": "view.rs"}"#,
+    }
 }

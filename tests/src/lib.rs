@@ -1,1 +1,1053 @@
-//! The fake LLM server (work in progress).
+//! A scriptable fake LLM server for tests.
+//!
+//! [`FakeLlm`] is a tiny hand-written HTTP/1.1 server on a loopback port. It answers each
+//! request with the next [`Reply`] of its script, so tests can drive the real HTTP clients
+//! (reqwest) through both wire protocols the backends speak:
+//!
+//! * Ollama native, `POST …/api/chat`;
+//! * OpenAI-compatible, `POST …/chat/completions`.
+//!
+//! Replies built from a protocol-neutral [`Turn`] (and [`Reply::error`]) are rendered in the
+//! shape of the protocol the *request* used, so one script serves either backend. Other replies
+//! simulate misbehaving servers: stalls, truncated bodies, hang-ups.
+//!
+//! ```no_run
+//! use promptgen_tests::{FakeLlm, Reply, Turn};
+//! use serde_json::json;
+//!
+//! let server = FakeLlm::start(vec![
+//!     Reply::turn(Turn::call("write_file", json!({"path": "a.rs", "content": "fn main() {}"}))),
+//!     Reply::turn(Turn::text("done")),
+//! ]);
+//! // point the client under test at server.url(), run it, then inspect what it sent:
+//! for request in server.requests() {
+//!     assert_eq!(request.json()["stream"], false);
+//! }
+//! ```
+//!
+//! The server depends on std and serde_json only: no async runtime, no HTTP crate.
+#![deny(missing_docs)]
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Upper bound on the request line plus headers; a client sending more is malformed.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Upper bound on a request body; protects the test process from runaway clients.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+// ---------------------------------------------------------------------------------------------
+// Public data types
+// ---------------------------------------------------------------------------------------------
+
+/// One HTTP request as the fake server received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// Request method, e.g. `POST`.
+    pub method: String,
+    /// Request target as sent, query string included, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// Headers in the order received; names are lowercased, values trimmed.
+    pub headers: Vec<(String, String)>,
+    /// The body, decoded from `Content-Length` or chunked framing (lossy UTF-8).
+    pub body: String,
+}
+
+impl RecordedRequest {
+    /// The body parsed as JSON.
+    ///
+    /// # Panics
+    /// If the body is not valid JSON (this is test support: a clear panic is the useful outcome).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "fake LLM server: body of {} {} is not JSON ({e}): {:?}",
+                self.method, self.path, self.body
+            )
+        })
+    }
+
+    /// The value of the first header called `name` (case-insensitive), if any.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// How a tool call's `arguments` are put on the wire.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ArgsShape {
+    /// What the protocol specifies: a JSON object for Ollama, JSON text in a string for OpenAI.
+    #[default]
+    Default,
+    /// The arguments value itself, in both protocols (llama.cpp has sent objects to OpenAI clients).
+    Object,
+    /// The arguments serialised to JSON text in a string, in both protocols.
+    String,
+    /// This exact string as the arguments, e.g. `""` or invalid JSON text; the call's
+    /// `arguments` value is ignored.
+    RawString(String),
+}
+
+/// One tool call in a scripted [`Turn`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeCall {
+    /// Tool (function) name.
+    pub name: String,
+    /// The arguments, rendered according to `arguments_as`.
+    pub arguments: Value,
+    /// Call id. Ollama replies carry an id only when this is set; OpenAI replies always carry
+    /// one, generated as `call_<n>` (unique per server) when this is `None`.
+    pub id: Option<String>,
+    /// How `arguments` is put on the wire.
+    pub arguments_as: ArgsShape,
+}
+
+impl FakeCall {
+    /// A call of tool `name` with `arguments`, no explicit id, default argument shape.
+    pub fn new(name: &str, arguments: Value) -> FakeCall {
+        FakeCall {
+            name: name.to_owned(),
+            arguments,
+            id: None,
+            arguments_as: ArgsShape::Default,
+        }
+    }
+
+    /// Sets the call id.
+    pub fn id(mut self, id: &str) -> Self {
+        self.id = Some(id.to_owned());
+        self
+    }
+
+    /// Sets how the arguments are put on the wire.
+    pub fn shape(mut self, shape: ArgsShape) -> Self {
+        self.arguments_as = shape;
+        self
+    }
+}
+
+/// A protocol-neutral assistant turn, rendered per request protocol by [`Reply::turn`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// Text content. Ollama renders `None` as `""`, OpenAI as `null`.
+    pub content: Option<String>,
+    /// Tool calls, in order; none means a plain text turn.
+    pub tool_calls: Vec<FakeCall>,
+    /// Reported prompt tokens (Ollama `prompt_eval_count`, OpenAI `usage.prompt_tokens`).
+    pub prompt_tokens: u64,
+    /// Reported completion tokens (Ollama `eval_count`, OpenAI `usage.completion_tokens`).
+    pub completion_tokens: u64,
+}
+
+impl Turn {
+    /// A text-only turn.
+    pub fn text(content: &str) -> Turn {
+        Turn {
+            content: Some(content.to_owned()),
+            ..Turn::calls(Vec::new())
+        }
+    }
+
+    /// A turn with exactly one tool call and no content.
+    pub fn call(name: &str, arguments: Value) -> Turn {
+        Turn::calls(vec![FakeCall::new(name, arguments)])
+    }
+
+    /// A turn with these tool calls and no content.
+    pub fn calls(calls: Vec<FakeCall>) -> Turn {
+        Turn {
+            content: None,
+            tool_calls: calls,
+            prompt_tokens: 10,
+            completion_tokens: 5,
+        }
+    }
+
+    /// Sets the text content (e.g. to send text alongside tool calls).
+    pub fn with_content(mut self, content: &str) -> Turn {
+        self.content = Some(content.to_owned());
+        self
+    }
+
+    /// Sets the reported token counts (default 10 prompt, 5 completion).
+    pub fn tokens(mut self, prompt: u64, completion: u64) -> Turn {
+        self.prompt_tokens = prompt;
+        self.completion_tokens = completion;
+        self
+    }
+}
+
+/// One scripted answer. Build it with the associated functions ([`Reply::json`],
+/// [`Reply::turn`], [`Reply::stall`], …) rather than the variants.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A response with this status and JSON body, verbatim.
+    Json {
+        /// HTTP status.
+        status: u16,
+        /// Body, sent verbatim.
+        body: Value,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+    },
+    /// A 200 assistant turn, rendered per request protocol.
+    Turn {
+        /// The turn.
+        turn: Turn,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+    },
+    /// An error body rendered per request protocol.
+    Error {
+        /// HTTP status.
+        status: u16,
+        /// The error message.
+        message: String,
+        /// OpenAI `error.type`.
+        kind: String,
+        /// OpenAI `error.code`.
+        code: Option<String>,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+    },
+    /// Read the request, send nothing for this long (or until the server is dropped), close.
+    Stall(Duration),
+    /// A 200 declaring this body's full length but carrying only its first half, then close.
+    Truncated {
+        /// The full body.
+        body: Value,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+    },
+    /// Close the connection right after reading the request.
+    HangUp,
+}
+
+impl Reply {
+    /// 200 with this JSON body, verbatim.
+    pub fn json(body: Value) -> Reply {
+        Reply::status(200, body)
+    }
+
+    /// Any status with this JSON body, verbatim.
+    pub fn status(status: u16, body: Value) -> Reply {
+        Reply::Json {
+            status,
+            body,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Adds a response header (e.g. `Retry-After`). A `Content-Type` given here replaces the
+    /// default `application/json`. No effect on [`Reply::stall`] and [`Reply::hang_up`], which
+    /// send no response.
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        match &mut self {
+            Reply::Json { headers, .. }
+            | Reply::Turn { headers, .. }
+            | Reply::Error { headers, .. }
+            | Reply::Truncated { headers, .. } => headers.push((name.to_owned(), value.to_owned())),
+            Reply::Stall(_) | Reply::HangUp => {}
+        }
+        self
+    }
+
+    /// A 200 assistant turn rendered in the shape of the protocol the request used: a path
+    /// ending in `/api/chat` gets the Ollama shape, one ending in `/chat/completions` the
+    /// OpenAI shape. On any other path (a client calling the wrong endpoint) the reply is
+    /// consumed and answered with a 404 error, as a real server would.
+    pub fn turn(turn: Turn) -> Reply {
+        Reply::Turn {
+            turn,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Reads the request, then sends nothing for `d` and closes the connection (a stall past
+    /// the client's timeout). Dropping the [`FakeLlm`] ends the stall early.
+    pub fn stall(d: Duration) -> Reply {
+        Reply::Stall(d)
+    }
+
+    /// Sends a 200 whose headers declare the full JSON body's length, then only the first half
+    /// of the body, then closes.
+    pub fn truncated(body: Value) -> Reply {
+        Reply::Truncated {
+            body,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Closes the connection right after reading the request, without any response.
+    pub fn hang_up() -> Reply {
+        Reply::HangUp
+    }
+
+    /// A protocol-shaped error: Ollama `{"error": message}`, OpenAI
+    /// `{"error":{"message","type","param":null,"code":null}}` with type `server_error` for
+    /// statuses >= 500 and `invalid_request_error` otherwise.
+    ///
+    /// The protocol is chosen from the request path like [`Reply::turn`]; on other paths,
+    /// those containing `/api/` get the Ollama shape and the rest the OpenAI shape.
+    pub fn error(status: u16, message: &str) -> Reply {
+        let kind = if status >= 500 {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        Reply::openai_error(status, message, kind, None)
+    }
+
+    /// A protocol-shaped error with explicit OpenAI `type` and `code` (e.g. 429
+    /// `insufficient_quota`). Requests in the Ollama protocol still get `{"error": message}`.
+    pub fn openai_error(status: u16, message: &str, kind: &str, code: Option<&str>) -> Reply {
+        Reply::Error {
+            status,
+            message: message.to_owned(),
+            kind: kind.to_owned(),
+            code: code.map(str::to_owned),
+            headers: Vec::new(),
+        }
+    }
+}
+
+impl From<Turn> for Reply {
+    fn from(turn: Turn) -> Reply {
+        Reply::turn(turn)
+    }
+}
+
+/// A loopback URL (`http://127.0.0.1:PORT`) on which nothing listens: connecting is refused.
+///
+/// The port was free a moment ago; another process could grab it in between, which is
+/// unlikely enough for tests.
+pub fn refused_url() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("fake LLM server: bind 127.0.0.1:0");
+    let port = listener
+        .local_addr()
+        .expect("fake LLM server: local_addr")
+        .port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server
+// ---------------------------------------------------------------------------------------------
+
+/// A scripted fake LLM server on `127.0.0.1` with an ephemeral port.
+///
+/// Every request (on any path) consumes the next scripted [`Reply`], except the discovery
+/// endpoints `GET …/api/version` (`{"version":"0.0.0-fake"}`) and `GET …/health`
+/// (`{"status":"ok"}`), which are answered without touching the script. When the script is
+/// exhausted the server answers 500 with a protocol-shaped error saying
+/// `fake LLM server: script exhausted after N replies`.
+///
+/// Every request, including discovery ones and ones answered with errors or misbehaviour, is
+/// recorded *before* it is answered. Malformed requests (which have no method or path to
+/// record) are answered 400 and not recorded.
+///
+/// Dropping the server stops accepting, ends stalls and closes every open connection.
+pub struct FakeLlm {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept_thread: Option<JoinHandle<()>>,
+}
+
+/// State shared by the accept loop, the connection threads and the [`FakeLlm`] handle.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when `State::stopped` becomes true, to end stalls early.
+    stop_signal: Condvar,
+    /// Mirror of `State::stopped` readable without the lock, for the accept loop.
+    stopping: AtomicBool,
+}
+
+struct State {
+    script: VecDeque<Reply>,
+    /// Scripted replies handed out so far.
+    served: usize,
+    requests: Vec<RecordedRequest>,
+    /// Counter for generated OpenAI tool call ids.
+    next_call_id: u64,
+    /// TCP connections accepted so far.
+    connections: usize,
+    /// Clones of the open connections, so `Drop` can shut them down and wake blocked reads.
+    open: HashMap<usize, TcpStream>,
+    stopped: bool,
+}
+
+impl Shared {
+    /// Locks the state, ignoring poisoning: a panicking connection thread must not take the
+    /// whole fake server (and every later assertion) down with it.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl FakeLlm {
+    /// Starts on 127.0.0.1 with an ephemeral port, serving `script` in order (one reply per
+    /// request, any path except the discovery paths).
+    ///
+    /// # Panics
+    /// If the loopback listener cannot be bound.
+    pub fn start(script: Vec<Reply>) -> FakeLlm {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("fake LLM server: bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("fake LLM server: local_addr");
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                script: script.into(),
+                served: 0,
+                requests: Vec::new(),
+                next_call_id: 1,
+                connections: 0,
+                open: HashMap::new(),
+                stopped: false,
+            }),
+            stop_signal: Condvar::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let accept_shared = Arc::clone(&shared);
+        let accept_thread = thread::Builder::new()
+            .name(format!("fake-llm-accept-{}", addr.port()))
+            .spawn(move || accept_loop(listener, accept_shared))
+            .expect("fake LLM server: spawn accept thread");
+        FakeLlm {
+            addr,
+            shared,
+            accept_thread: Some(accept_thread),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` (no trailing slash).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Appends a reply to the script.
+    pub fn push(&self, reply: Reply) {
+        self.shared.lock().script.push_back(reply);
+    }
+
+    /// Every request received so far, in order (including ones answered with errors or
+    /// misbehaviour, and discovery requests).
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// Replies not yet served.
+    pub fn remaining(&self) -> usize {
+        self.shared.lock().script.len()
+    }
+
+    /// TCP connections accepted so far; lets tests check that a client reuses connections.
+    pub fn connections(&self) -> usize {
+        self.shared.lock().connections
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        let open: Vec<TcpStream> = {
+            let mut state = self.shared.lock();
+            state.stopped = true;
+            state.open.drain().map(|(_, stream)| stream).collect()
+        };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.stop_signal.notify_all();
+        // Wake connection threads blocked reading (idle keep-alive) or writing.
+        for stream in open {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        // `accept` has no timeout: a throwaway connection makes it return and see the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(handle) = self.accept_thread.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    for (id, stream) in listener.incoming().enumerate() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(stream) = stream else { continue };
+        {
+            let mut state = shared.lock();
+            // Checked under the lock: `Drop` shuts down every stream registered before it set
+            // `stopped`, and none may be registered after.
+            if state.stopped {
+                break;
+            }
+            state.connections += 1;
+            if let Ok(clone) = stream.try_clone() {
+                state.open.insert(id, clone);
+            }
+        }
+        let conn_shared = Arc::clone(&shared);
+        let spawned = thread::Builder::new()
+            .name(format!("fake-llm-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&stream, &conn_shared);
+                // Shut down explicitly: the clone kept in `open` would keep the socket alive.
+                let _ = stream.shutdown(Shutdown::Both);
+                conn_shared.lock().open.remove(&id);
+            });
+        if spawned.is_err() {
+            shared.lock().open.remove(&id);
+        }
+    }
+}
+
+/// Serves requests on one connection until the client closes it, a reply ends it, or the
+/// server stops.
+fn serve_connection(stream: &TcpStream, shared: &Shared) {
+    let mut reader = BufReader::new(stream);
+    let mut writer = stream;
+    loop {
+        let request = match read_request(&mut reader, &mut writer) {
+            Ok(Some(request)) => request,
+            // Clean close between requests, or the socket died: nothing to answer.
+            Ok(None) | Err(ReadError::Io) => return,
+            Err(ReadError::Malformed(why)) => {
+                let body = json!({ "error": format!("fake LLM server: malformed request: {why}") });
+                let _ = write_response(&mut writer, 400, &[], &body.to_string(), true);
+                return;
+            }
+        };
+        let close_after = request.close_after;
+        let action = answer(shared, request.recorded);
+        if shared.lock().stopped {
+            return;
+        }
+        let keep_going = match action {
+            Action::Respond {
+                status,
+                headers,
+                body,
+            } => write_response(&mut writer, status, &headers, &body, close_after).is_ok(),
+            Action::Truncated { headers, body } => {
+                let _ = write_truncated(&mut writer, &headers, &body);
+                false
+            }
+            Action::Stall(d) => {
+                let state = shared.lock();
+                // Returns early when `Drop` sets `stopped` and signals.
+                let _ = shared
+                    .stop_signal
+                    .wait_timeout_while(state, d, |s| !s.stopped);
+                false
+            }
+            Action::HangUp => false,
+        };
+        if !keep_going || close_after {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Choosing and rendering the answer
+// ---------------------------------------------------------------------------------------------
+
+/// What a connection thread does with a request, decided under the lock.
+enum Action {
+    Respond {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    },
+    Truncated {
+        headers: Vec<(String, String)>,
+        body: String,
+    },
+    Stall(Duration),
+    HangUp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Ollama,
+    OpenAi,
+}
+
+/// The chat protocol a path addresses, if it is a chat endpoint.
+fn chat_protocol(path: &str) -> Option<Protocol> {
+    if path.ends_with("/api/chat") {
+        Some(Protocol::Ollama)
+    } else if path.ends_with("/chat/completions") {
+        Some(Protocol::OpenAi)
+    } else {
+        None
+    }
+}
+
+/// The protocol whose error shape a path gets: its chat protocol, else Ollama for `/api/…`
+/// paths (Ollama's native API lives there) and OpenAI for the rest.
+fn error_protocol(path: &str) -> Protocol {
+    chat_protocol(path).unwrap_or(if path.contains("/api/") {
+        Protocol::Ollama
+    } else {
+        Protocol::OpenAi
+    })
+}
+
+/// Records the request, then picks and renders its answer, all under one lock so the record
+/// order is the answer order.
+fn answer(shared: &Shared, request: RecordedRequest) -> Action {
+    let mut state = shared.lock();
+    let path = request
+        .path
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let is_get = request.method.eq_ignore_ascii_case("GET");
+    // The model echoed in replies: the request's, like real servers.
+    let model = serde_json::from_str::<Value>(&request.body)
+        .ok()
+        .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "fake-model".to_owned());
+    state.requests.push(request);
+
+    let ok = |body: Value| Action::Respond {
+        status: 200,
+        headers: Vec::new(),
+        body: body.to_string(),
+    };
+    if is_get && path.ends_with("/api/version") {
+        return ok(json!({ "version": "0.0.0-fake" }));
+    }
+    if is_get && path.ends_with("/health") {
+        return ok(json!({ "status": "ok" }));
+    }
+
+    let Some(reply) = state.script.pop_front() else {
+        let message = format!(
+            "fake LLM server: script exhausted after {} replies",
+            state.served
+        );
+        return error_action(&path, 500, &message, "server_error", None, Vec::new());
+    };
+    state.served += 1;
+    match reply {
+        Reply::Json {
+            status,
+            body,
+            headers,
+        } => Action::Respond {
+            status,
+            headers,
+            body: body.to_string(),
+        },
+        Reply::Turn { turn, headers } => match chat_protocol(&path) {
+            Some(Protocol::Ollama) => Action::Respond {
+                status: 200,
+                headers,
+                body: render_ollama(&turn, &model).to_string(),
+            },
+            Some(Protocol::OpenAi) => {
+                let body = render_openai(&turn, &model, &mut state.next_call_id);
+                Action::Respond {
+                    status: 200,
+                    headers,
+                    body: body.to_string(),
+                }
+            }
+            None => {
+                let message = format!(
+                    "fake LLM server: scripted a turn, but {path} is not a chat endpoint \
+                     (…/api/chat or …/chat/completions)"
+                );
+                error_action(&path, 404, &message, "invalid_request_error", None, headers)
+            }
+        },
+        Reply::Error {
+            status,
+            message,
+            kind,
+            code,
+            headers,
+        } => error_action(&path, status, &message, &kind, code.as_deref(), headers),
+        Reply::Truncated { body, headers } => Action::Truncated {
+            headers,
+            body: body.to_string(),
+        },
+        Reply::Stall(d) => Action::Stall(d),
+        Reply::HangUp => Action::HangUp,
+    }
+}
+
+fn error_action(
+    path: &str,
+    status: u16,
+    message: &str,
+    kind: &str,
+    code: Option<&str>,
+    headers: Vec<(String, String)>,
+) -> Action {
+    let body = match error_protocol(path) {
+        Protocol::Ollama => json!({ "error": message }),
+        Protocol::OpenAi => json!({
+            "error": { "message": message, "type": kind, "param": null, "code": code }
+        }),
+    };
+    Action::Respond {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// The wire value of a call's arguments; `object_by_default` is the protocol's default shape.
+fn render_arguments(call: &FakeCall, object_by_default: bool) -> Value {
+    match &call.arguments_as {
+        ArgsShape::Default if object_by_default => call.arguments.clone(),
+        ArgsShape::Object => call.arguments.clone(),
+        ArgsShape::Default | ArgsShape::String => Value::String(call.arguments.to_string()),
+        ArgsShape::RawString(raw) => Value::String(raw.clone()),
+    }
+}
+
+fn render_ollama(turn: &Turn, model: &str) -> Value {
+    let mut message = json!({
+        "role": "assistant",
+        "content": turn.content.clone().unwrap_or_default(),
+    });
+    if !turn.tool_calls.is_empty() {
+        let calls: Vec<Value> = turn
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(index, call)| {
+                let mut rendered = json!({
+                    "function": {
+                        "index": index,
+                        "name": call.name,
+                        "arguments": render_arguments(call, true),
+                    }
+                });
+                if let Some(id) = &call.id {
+                    rendered["id"] = json!(id);
+                }
+                rendered
+            })
+            .collect();
+        message["tool_calls"] = Value::Array(calls);
+    }
+    json!({
+        "model": model,
+        "created_at": "2026-01-01T00:00:00Z",
+        "message": message,
+        "done": true,
+        "done_reason": "stop",
+        "total_duration": 1000,
+        "load_duration": 10,
+        "prompt_eval_count": turn.prompt_tokens,
+        "eval_count": turn.completion_tokens,
+    })
+}
+
+fn render_openai(turn: &Turn, model: &str, next_call_id: &mut u64) -> Value {
+    let mut message = json!({ "role": "assistant", "content": turn.content });
+    if !turn.tool_calls.is_empty() {
+        let calls: Vec<Value> = turn
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let id = call.id.clone().unwrap_or_else(|| {
+                    let id = format!("call_{next_call_id}");
+                    *next_call_id += 1;
+                    id
+                });
+                json!({
+                    "id": id,
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": render_arguments(call, false),
+                    }
+                })
+            })
+            .collect();
+        message["tool_calls"] = Value::Array(calls);
+    }
+    let finish_reason = if turn.tool_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason }],
+        "usage": {
+            "prompt_tokens": turn.prompt_tokens,
+            "completion_tokens": turn.completion_tokens,
+            "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/1.1 framing
+// ---------------------------------------------------------------------------------------------
+
+struct ParsedRequest {
+    recorded: RecordedRequest,
+    /// The client asked to close after this exchange (`Connection: close`, or HTTP/1.0
+    /// without keep-alive).
+    close_after: bool,
+}
+
+enum ReadError {
+    /// The socket failed or closed mid-request: no one to answer.
+    Io,
+    /// The bytes are not an HTTP request we understand: answer 400 and close.
+    Malformed(String),
+}
+
+impl From<io::Error> for ReadError {
+    fn from(_: io::Error) -> Self {
+        ReadError::Io
+    }
+}
+
+fn malformed<T>(why: impl Into<String>) -> Result<T, ReadError> {
+    Err(ReadError::Malformed(why.into()))
+}
+
+/// Reads one CRLF- (or LF-) terminated line without its terminator; `None` at a clean EOF.
+/// `budget` caps the bytes read across the request head.
+fn read_line(reader: &mut impl BufRead, budget: &mut usize) -> Result<Option<String>, ReadError> {
+    let mut line = Vec::new();
+    // `take` bounds the read so a client streaming an endless line cannot exhaust memory.
+    let n = reader
+        .by_ref()
+        .take(*budget as u64 + 1)
+        .read_until(b'\n', &mut line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if n > *budget {
+        return malformed("request head too large");
+    }
+    *budget -= n;
+    if line.last() != Some(&b'\n') {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
+    line.pop();
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+}
+
+/// Reads one request; `Ok(None)` when the client closed the connection between requests.
+/// `writer` is used only for `100 Continue`.
+fn read_request(
+    reader: &mut impl BufRead,
+    writer: &mut impl Write,
+) -> Result<Option<ParsedRequest>, ReadError> {
+    let mut budget = MAX_HEAD_BYTES;
+    // RFC 9112 §2.2: ignore empty lines before the request line.
+    let request_line = loop {
+        match read_line(reader, &mut budget)? {
+            None => return Ok(None),
+            Some(line) if line.is_empty() => continue,
+            Some(line) => break line,
+        }
+    };
+    let mut parts = request_line.split_whitespace();
+    let (Some(method), Some(path), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return malformed(format!("bad request line {request_line:?}"));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return malformed(format!("unsupported version {version:?}"));
+    }
+
+    let mut headers = Vec::new();
+    loop {
+        let Some(line) = read_line(reader, &mut budget)? else {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+        };
+        if line.is_empty() {
+            break;
+        }
+        let Some((name, value)) = line.split_once(':') else {
+            return malformed(format!("bad header line {line:?}"));
+        };
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+
+    let connection = header("connection")
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let close_after = connection.contains("close")
+        || (version == "HTTP/1.0" && !connection.contains("keep-alive"));
+    let chunked =
+        header("transfer-encoding").is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
+    let content_length = match header("content-length") {
+        None => None,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n <= MAX_BODY_BYTES => Some(n),
+            _ => return malformed(format!("bad content-length {v:?}")),
+        },
+    };
+    if header("expect").is_some_and(|e| e.eq_ignore_ascii_case("100-continue")) {
+        writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+        writer.flush()?;
+    }
+
+    // Chunked framing wins over Content-Length when both are present (RFC 9112 §6.3).
+    let body = if chunked {
+        read_chunked(reader)?
+    } else if let Some(len) = content_length {
+        let mut body = vec![0; len];
+        reader.read_exact(&mut body)?;
+        body
+    } else {
+        Vec::new()
+    };
+
+    Ok(Some(ParsedRequest {
+        recorded: RecordedRequest {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        },
+        close_after,
+    }))
+}
+
+/// Decodes a chunked body: `size[;ext]\r\n data \r\n` … `0\r\n [trailers] \r\n`.
+fn read_chunked(reader: &mut impl BufRead) -> Result<Vec<u8>, ReadError> {
+    let mut body = Vec::new();
+    let mut budget = MAX_HEAD_BYTES;
+    loop {
+        let Some(line) = read_line(reader, &mut budget)? else {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+        };
+        let size_text = line.split(';').next().unwrap_or_default().trim();
+        let Ok(size) = usize::from_str_radix(size_text, 16) else {
+            return malformed(format!("bad chunk size line {line:?}"));
+        };
+        if size == 0 {
+            break;
+        }
+        if body.len() + size > MAX_BODY_BYTES {
+            return malformed("chunked body too large");
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        reader.read_exact(&mut body[start..])?;
+        match read_line(reader, &mut budget)? {
+            Some(rest) if rest.is_empty() => {}
+            Some(rest) => return malformed(format!("chunk longer than declared: {rest:?}")),
+            None => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+        }
+    }
+    // Trailer fields, if any, end with an empty line; they are not recorded.
+    loop {
+        match read_line(reader, &mut budget)? {
+            Some(line) if line.is_empty() => return Ok(body),
+            Some(_) => {}
+            None => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+        }
+    }
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        204 => "No Content",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Payload Too Large",
+        422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        499 => "Client Closed Request",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Unknown",
+    }
+}
+
+/// The status line and headers, with `Content-Length` set to `content_length`.
+fn response_head(
+    status: u16,
+    headers: &[(String, String)],
+    content_length: usize,
+    close: bool,
+) -> String {
+    let mut head = format!("HTTP/1.1 {status} {}\r\n", reason_phrase(status));
+    if !headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+    {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {content_length}\r\n"));
+    if close {
+        head.push_str("Connection: close\r\n");
+    }
+    head.push_str("\r\n");
+    head
+}
+
+fn write_response(
+    writer: &mut impl Write,
+    status: u16,
+    headers: &[(String, String)],
+    body: &str,
+    close: bool,
+) -> io::Result<()> {
+    let mut bytes = response_head(status, headers, body.len(), close).into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    writer.write_all(&bytes)?;
+    writer.flush()
+}
+
+fn write_truncated(
+    writer: &mut impl Write,
+    headers: &[(String, String)],
+    body: &str,
+) -> io::Result<()> {
+    // No `Connection: close`: this simulates a server dying mid-body, not a planned close.
+    let mut bytes = response_head(200, headers, body.len(), false).into_bytes();
+    bytes.extend_from_slice(&body.as_bytes()[..body.len() / 2]);
+    writer.write_all(&bytes)?;
+    writer.flush()
+}

@@ -1,0 +1,485 @@
+//! The servers a step can talk to, behind one trait.
+//!
+//! - [`ollama`]: Ollama's native `POST /api/chat`.
+//! - [`openai`]: `POST {base}/chat/completions`, served by OpenAI, llama.cpp's servers, vLLM,
+//!   LM Studio and Ollama's `/v1`.
+//! - [`scripted`]: canned turns from a file, for tests and reproducible demos. It is not a
+//!   model and never says it is one.
+//!
+//! Each backend speaks its protocol with serde types of its own and hands the loop the
+//! protocol-neutral [`Message`]s of [`crate::chat`].
+
+pub mod http;
+pub mod ollama;
+pub mod openai;
+pub mod scripted;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::chat::{Message, ToolSpec};
+pub use http::{HttpConfig, RetryPolicy, RetryRecord};
+
+/// Which kind of server a backend talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Ollama's native API.
+    Ollama,
+    /// Any OpenAI-compatible chat-completions server.
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// Canned turns from a file.
+    Scripted,
+}
+
+impl BackendKind {
+    /// The name used in configuration: `ollama`, `openai` or `scripted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Ollama => "ollama",
+            BackendKind::OpenAi => "openai",
+            BackendKind::Scripted => "scripted",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<BackendKind, String> {
+        match s {
+            "ollama" => Ok(BackendKind::Ollama),
+            "openai" => Ok(BackendKind::OpenAi),
+            "scripted" => Ok(BackendKind::Scripted),
+            other => Err(format!("unknown backend `{other}`: expected \"ollama\", \"openai\" or \"scripted\"")),
+        }
+    }
+}
+
+/// One request to the model: the whole history so far.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatRequest<'a> {
+    /// The model's name as the server knows it.
+    pub model: &'a str,
+    /// The conversation so far.
+    pub messages: &'a [Message],
+    /// Tools offered natively; empty for the text protocols (then no `tools` field is sent).
+    pub tools: &'a [ToolSpec],
+    /// Sampling seed, for servers that honour one.
+    pub seed: Option<u64>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+}
+
+/// The model's reply to a [`ChatRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatResponse {
+    /// The assistant turn; every native tool call has an id (minted when the server sent none).
+    pub message: Message,
+    /// Tokens the server reports, when it does.
+    pub usage: Usage,
+    /// Why the model stopped, as the server says it (`stop`, `tool_calls`, `length`).
+    pub finish_reason: Option<String>,
+    /// Retries that were needed to get this reply.
+    pub retries: Vec<RetryRecord>,
+}
+
+/// Token counts of one model call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens of the prompt (`prompt_eval_count` or `usage.prompt_tokens`).
+    pub prompt_tokens: Option<u64>,
+    /// Tokens generated (`eval_count` or `usage.completion_tokens`).
+    pub completion_tokens: Option<u64>,
+}
+
+/// A server that answers chat requests.
+pub trait Backend {
+    /// Which kind of server this is.
+    fn kind(&self) -> BackendKind;
+    /// Where it is, for messages: a URL, or the script's path.
+    fn location(&self) -> String;
+    /// Sends the request and waits for the whole reply.
+    fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError>;
+}
+
+/// Everything needed to open any backend, e.g. from a configuration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    /// Which backend.
+    pub kind: BackendKind,
+    /// Server URL. `None`: the backend's environment variable, then its default.
+    pub base_url: Option<String>,
+    /// API key for `openai`. `None`: `OPENAI_API_KEY` when set.
+    pub api_key: Option<String>,
+    /// Ollama's context window in tokens, sent as `options.num_ctx` on every request.
+    pub num_ctx: u32,
+    /// The file of canned turns, for `scripted`.
+    pub script: Option<PathBuf>,
+    /// Timeouts and retries of the HTTP backends.
+    pub http: HttpConfig,
+}
+
+impl BackendConfig {
+    /// Ollama's default context window is as small as 2048 tokens and overflows silently by
+    /// dropping the front of the history (the tools and the system prompt first); this is
+    /// enough for a few source files and fits every current code model.
+    pub const DEFAULT_NUM_CTX: u32 = 16_384;
+
+    /// A configuration of `kind` with every other field at its default.
+    pub fn new(kind: BackendKind) -> BackendConfig {
+        BackendConfig {
+            kind,
+            base_url: None,
+            api_key: None,
+            num_ctx: BackendConfig::DEFAULT_NUM_CTX,
+            script: None,
+            http: HttpConfig::default(),
+        }
+    }
+
+    /// Opens the backend, reading the environment for what the configuration leaves open.
+    pub fn open(&self) -> Result<Box<dyn Backend>, BackendError> {
+        Ok(match self.kind {
+            BackendKind::Ollama => Box::new(ollama::Ollama::from_config(self)?),
+            BackendKind::OpenAi => Box::new(openai::OpenAi::from_config(self)?),
+            BackendKind::Scripted => {
+                let path = self.script.clone().ok_or_else(|| BackendError::Script {
+                    path: PathBuf::new(),
+                    detail: "the scripted backend needs a script file and none was configured".into(),
+                })?;
+                Box::new(scripted::Scripted::from_file(&path)?)
+            }
+        })
+    }
+}
+
+/// Why a model call failed, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// Nothing answered at the URL.
+    #[error("could not connect to {backend} at {url} ({attempts} attempts): {detail}\n{}", unreachable_hint(*backend, url))]
+    Unreachable {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL that was tried.
+        url: String,
+        /// The transport's error.
+        detail: String,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The server took longer than the request timeout.
+    #[error("{backend} at {url} did not answer within {}s: {detail}\nA local model can be slow, above all on its first request while it loads; raise the request timeout, or use a smaller model.", timeout.as_secs())]
+    Timeout {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// The timeout that ran out.
+        timeout: Duration,
+        /// The transport's error.
+        detail: String,
+    },
+    /// The connection broke before the whole reply arrived, even after retries.
+    #[error("{backend} at {url} broke off its reply ({attempts} attempts): {detail}\nCheck the server's log; it may have crashed or run out of memory.")]
+    Interrupted {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// The transport's error.
+        detail: String,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The server does not have the model.
+    #[error("{backend} at {url} has no model `{model}`: {server_message}\n{}", model_hint(*backend, model))]
+    ModelNotFound {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// The model asked for.
+        model: String,
+        /// What the server said.
+        server_message: String,
+    },
+    /// The model cannot take a `tools` field.
+    #[error("model `{model}` on {backend} does not support native tool calls: {server_message}\nSet `protocol = \"json\"` (or \"blocks\" for small models) for this step; the tools are then described in the prompt.")]
+    ToolsUnsupported {
+        /// Which backend.
+        backend: BackendKind,
+        /// The model asked for.
+        model: String,
+        /// What the server said.
+        server_message: String,
+    },
+    /// The API key is missing, wrong, or lacks access.
+    #[error("{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY (or `api_key`) to a valid key for this server.")]
+    Unauthorized {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// 401 or 403.
+        status: u16,
+        /// What the server said.
+        server_message: String,
+    },
+    /// The account has no credit left; retrying does not help.
+    #[error("{backend} at {url} says the account's quota is used up: {server_message}\nAdd credit or use another key; this is not retried.")]
+    QuotaExceeded {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// What the server said.
+        server_message: String,
+    },
+    /// Any other error status.
+    #[error("{backend} at {url} answered HTTP {status} ({attempts} attempts): {server_message}{}", status_hint(*backend, *status))]
+    Status {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// The final status.
+        status: u16,
+        /// What the server said.
+        server_message: String,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// A 2xx reply that is not what the protocol promises.
+    #[error("{backend} at {url} sent a reply that is not a valid {backend} chat response: {detail}\nReply began with: {body_start}")]
+    BadResponse {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        detail: String,
+        /// The first characters of the body.
+        body_start: String,
+    },
+    /// The URL or client settings are unusable.
+    #[error("cannot use {backend} at `{url}`: {detail}")]
+    Config {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL as configured.
+        url: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The scripted backend's file is unusable.
+    #[error("script `{}`: {detail}", path.display())]
+    Script {
+        /// The script file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The scripted backend ran out of turns.
+    #[error("script `{}` has {turns} turns and the step asked for another: the step did not end where the script expected.\nAdd turns to the script, or check the transcript for the turn that went differently.", path.display())]
+    ScriptExhausted {
+        /// The script file.
+        path: PathBuf,
+        /// Turns it has.
+        turns: usize,
+    },
+}
+
+fn unreachable_hint(backend: BackendKind, url: &str) -> String {
+    match backend {
+        BackendKind::Ollama => format!(
+            "Is Ollama running? Start it with `ollama serve` (or the Ollama app), or set OLLAMA_HOST \
+             (or `base_url`) to where it listens instead of {url}."
+        ),
+        _ => format!(
+            "Is the server running? Start it, or set OPENAI_BASE_URL (or `base_url`) to where it \
+             listens instead of {url}; a llama.cpp server, vLLM and LM Studio each print their URL when they start."
+        ),
+    }
+}
+
+fn status_hint(backend: BackendKind, status: u16) -> &'static str {
+    match (backend, status) {
+        (BackendKind::OpenAi, 404) => "\nCheck the base URL: it must end where `/chat/completions` begins, usually in `/v1` (e.g. http://127.0.0.1:8080/v1).",
+        (BackendKind::Ollama, 404) => "\nCheck the URL: Ollama serves `/api/chat` at its root (e.g. http://127.0.0.1:11434), without `/v1`.",
+        _ => "",
+    }
+}
+
+fn model_hint(backend: BackendKind, model: &str) -> String {
+    match backend {
+        BackendKind::Ollama => format!("Download it with `ollama pull {model}`, or choose a model that `ollama list` shows."),
+        _ => "Choose a model the server serves (`GET /v1/models` lists them).".to_string(),
+    }
+}
+
+/// At most `max` characters of `text`, on a char boundary, with an ellipsis when cut.
+pub(crate) fn excerpt(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// The message of an error body in either protocol's shape (`{"error": "..."}`,
+/// `{"error": {"message": ..., "code": ...}}`), with its code when there is one; the raw
+/// body when it is neither.
+pub(crate) fn server_error(body: &str) -> (String, Option<String>) {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else {
+        return (excerpt(body.trim(), 500), None);
+    };
+    match value.get("error") {
+        Some(serde_json::Value::String(message)) => (message.clone(), None),
+        Some(serde_json::Value::Object(error)) => {
+            let message = error.get("message").and_then(|m| m.as_str()).unwrap_or("(no message)").to_string();
+            let code = error.get("code").or_else(|| error.get("type")).and_then(|c| match c {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            });
+            (message, code)
+        }
+        _ => (excerpt(body.trim(), 500), None),
+    }
+}
+
+/// Turns a final non-2xx reply into the error that tells the user what to do. Both HTTP
+/// backends share it: Ollama's `/v1` speaks the OpenAI shape with Ollama's messages.
+pub(crate) fn classify_status(
+    backend: BackendKind,
+    url: &str,
+    model: &str,
+    status: u16,
+    body: &str,
+    attempts: u32,
+) -> BackendError {
+    let (server_message, code) = server_error(body);
+    let lower = server_message.to_lowercase();
+    let code = code.unwrap_or_default();
+    let (url, model) = (url.to_string(), model.to_string());
+    if lower.contains("does not support tools") {
+        return BackendError::ToolsUnsupported { backend, model, server_message };
+    }
+    if status == 404 && (lower.contains("not found") || code == "model_not_found") && lower.contains("model")
+        || code == "model_not_found"
+    {
+        return BackendError::ModelNotFound { backend, url, model, server_message };
+    }
+    if status == 401 || status == 403 {
+        return BackendError::Unauthorized { backend, url, status, server_message };
+    }
+    if status == 429 && (code == "insufficient_quota" || body.contains("insufficient_quota")) {
+        return BackendError::QuotaExceeded { backend, url, server_message };
+    }
+    BackendError::Status { backend, url, status, server_message, attempts }
+}
+
+/// Turns a final transport failure into its error.
+pub(crate) fn classify_transport(
+    backend: BackendKind,
+    url: &str,
+    timeout: Duration,
+    err: http::TransportError,
+) -> BackendError {
+    let url = url.to_string();
+    let http::TransportError { kind, detail, attempts } = err;
+    match kind {
+        http::TransportKind::Connect => BackendError::Unreachable { backend, url, detail, attempts },
+        http::TransportKind::Timeout => BackendError::Timeout { backend, url, timeout, detail },
+        http::TransportKind::Interrupted => BackendError::Interrupted { backend, url, detail, attempts },
+    }
+}
+
+/// Deserialises a list that a server may send as `null` or leave out.
+pub(crate) fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// Mints ids for tool calls that arrived without one, unique within one backend's life.
+#[derive(Debug, Default)]
+pub(crate) struct IdMinter {
+    next: u64,
+}
+
+impl IdMinter {
+    pub fn mint(&mut self) -> String {
+        self.next += 1;
+        format!("call_pg{}", self.next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpt_cuts_on_char_boundaries() {
+        assert_eq!(excerpt("héllo", 2), "hé…");
+        assert_eq!(excerpt("héllo", 5), "héllo");
+        assert_eq!(excerpt("", 3), "");
+    }
+
+    #[test]
+    fn server_errors_are_read_in_every_shape() {
+        assert_eq!(server_error(r#"{"error":"model 'x' not found"}"#), ("model 'x' not found".into(), None));
+        assert_eq!(
+            server_error(r#"{"error":{"message":"bad key","type":"invalid_request_error","code":"invalid_api_key"}}"#),
+            ("bad key".into(), Some("invalid_api_key".into()))
+        );
+        assert_eq!(
+            server_error(r#"{"error":{"code":500,"message":"boom","type":"server_error"}}"#),
+            ("boom".into(), Some("500".into()))
+        );
+        assert_eq!(server_error("<html>bad gateway</html>"), ("<html>bad gateway</html>".into(), None));
+    }
+
+    #[test]
+    fn classification_tells_the_user_what_to_do() {
+        let err = classify_status(BackendKind::Ollama, "http://h/api/chat", "qwen", 404,
+            r#"{"error":"model 'qwen' not found, try pulling it first"}"#, 1);
+        assert!(matches!(err, BackendError::ModelNotFound { .. }));
+        assert!(err.to_string().contains("ollama pull qwen"), "{err}");
+
+        let err = classify_status(BackendKind::Ollama, "u", "gemma", 400,
+            r#"{"error":"registry.ollama.ai/library/gemma:latest does not support tools"}"#, 1);
+        assert!(matches!(err, BackendError::ToolsUnsupported { .. }));
+        assert!(err.to_string().contains("protocol = \"json\""), "{err}");
+
+        let err = classify_status(BackendKind::OpenAi, "u", "m", 401,
+            r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#, 1);
+        assert!(matches!(err, BackendError::Unauthorized { status: 401, .. }));
+        assert!(err.to_string().contains("OPENAI_API_KEY"), "{err}");
+
+        let err = classify_status(BackendKind::OpenAi, "u", "m", 429,
+            r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#, 1);
+        assert!(matches!(err, BackendError::QuotaExceeded { .. }));
+
+        let err = classify_status(BackendKind::OpenAi, "u", "m", 404,
+            r#"{"error":{"message":"The model `m` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#, 1);
+        assert!(matches!(err, BackendError::ModelNotFound { .. }));
+
+        let err = classify_status(BackendKind::OpenAi, "u", "m", 404, "404 page not found", 1);
+        assert!(matches!(err, BackendError::Status { status: 404, .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,288 @@
+//! Ollama's native chat API: `POST {host}/api/chat`, non-streaming.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::http::HttpClient;
+use super::{
+    classify_status, classify_transport, excerpt, Backend, BackendConfig, BackendError, BackendKind,
+    ChatRequest, ChatResponse, IdMinter, Usage, null_as_empty,
+};
+use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
+
+/// Where Ollama listens when nothing says otherwise.
+pub const DEFAULT_HOST: &str = "http://127.0.0.1:11434";
+
+/// A client of one Ollama server.
+pub struct Ollama {
+    host: String,
+    chat_url: String,
+    num_ctx: u32,
+    http: HttpClient,
+    ids: IdMinter,
+}
+
+impl Ollama {
+    /// Opens a client: the host is `config.base_url`, else `OLLAMA_HOST`, else
+    /// [`DEFAULT_HOST`]; every form `OLLAMA_HOST` accepts is accepted (see [`parse_host`]).
+    pub fn from_config(config: &BackendConfig) -> Result<Ollama, BackendError> {
+        let configured = config.base_url.clone().or_else(|| std::env::var("OLLAMA_HOST").ok());
+        let host = match configured {
+            Some(text) => parse_host(&text),
+            None => DEFAULT_HOST.to_string(),
+        };
+        let http = HttpClient::new(config.http.clone()).map_err(|detail| BackendError::Config {
+            backend: BackendKind::Ollama,
+            url: host.clone(),
+            detail,
+        })?;
+        Ok(Ollama { chat_url: format!("{host}/api/chat"), host, num_ctx: config.num_ctx, http, ids: IdMinter::default() })
+    }
+
+    /// The server's base URL, as resolved.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+}
+
+/// Turns any legal `OLLAMA_HOST` value into a base URL, the way Ollama's own client does:
+/// a bare `host` gets port 11434; `host:port`; `http://host` means port 80 and
+/// `https://host` port 443; a path suffix is kept; `0.0.0.0`, `::` and an empty host (all
+/// "every interface" to a server) mean loopback to a client; surrounding quotes and
+/// whitespace are dropped; an unusable port falls back to the scheme's default.
+pub fn parse_host(value: &str) -> String {
+    let value = value.trim().trim_matches(|c| c == '"' || c == '\'').trim();
+    let (scheme, rest, default_port) = match value.split_once("://") {
+        None => ("http", value, "11434"),
+        Some(("http", rest)) => ("http", rest, "80"),
+        Some(("https", rest)) => ("https", rest, "443"),
+        Some((scheme, rest)) => (scheme, rest, "11434"),
+    };
+    let (hostport, path) = match rest.split_once('/') {
+        Some((hostport, path)) => (hostport, path.trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    let (host, port) = split_host_port(hostport);
+    let host = match host.trim_matches(|c| c == '[' || c == ']') {
+        "" | "0.0.0.0" | "::" => "127.0.0.1".to_string(),
+        h if h.contains(':') => format!("[{h}]"),
+        h => h.to_string(),
+    };
+    let port = match port {
+        Some(p) if p.parse::<u16>().is_ok() => p,
+        _ => default_port,
+    };
+    let path = if path.is_empty() { String::new() } else { format!("/{path}") };
+    format!("{scheme}://{host}:{port}{path}")
+}
+
+/// Splits `host:port`, `[v6]:port`, `[v6]`, a bare IPv6 address, or a bare host.
+fn split_host_port(hostport: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = hostport.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => (rest, None),
+        };
+    }
+    match hostport.rsplit_once(':') {
+        // More than one colon and no brackets: a bare IPv6 address.
+        Some((host, _)) if host.contains(':') => (hostport, None),
+        Some((host, port)) => (host, Some(port)),
+        None => (hostport, None),
+    }
+}
+
+impl Backend for Ollama {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Ollama
+    }
+
+    fn location(&self) -> String {
+        self.host.clone()
+    }
+
+    fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
+        let body = WireRequest {
+            model: request.model,
+            messages: request.messages.iter().map(WireMessage::from_message).collect(),
+            tools: request.tools.iter().map(WireTool::from_spec).collect(),
+            stream: false,
+            think: false,
+            options: WireOptions { seed: request.seed, temperature: request.temperature, num_ctx: self.num_ctx },
+        };
+        let url = &self.chat_url;
+        let timeout = self.http.config().request_timeout;
+        let reply = self
+            .http
+            .post_json(url, None, &body)
+            .map_err(|err| classify_transport(BackendKind::Ollama, url, timeout, err))?;
+        let attempts = reply.retries.len() as u32 + 1;
+        if !(200..300).contains(&reply.status) {
+            return Err(classify_status(BackendKind::Ollama, url, request.model, reply.status, &reply.body, attempts));
+        }
+        let bad = |detail: String| BackendError::BadResponse {
+            backend: BackendKind::Ollama,
+            url: url.clone(),
+            detail,
+            body_start: excerpt(&reply.body, 200),
+        };
+        let wire: WireResponse = serde_json::from_str(&reply.body).map_err(|e| bad(e.to_string()))?;
+        // A stream that failed after it started is a 200 whose body is `{"error": ...}`.
+        if let Some(error) = wire.error {
+            return Err(classify_status(BackendKind::Ollama, url, request.model, 500, &serde_json::json!({"error": error}).to_string(), attempts));
+        }
+        let message = wire.message.ok_or_else(|| bad("it has no `message`".into()))?;
+        let tool_calls = message
+            .tool_calls
+            .into_iter()
+            .map(|call| ToolCall {
+                id: call.id.filter(|id| !id.is_empty()).unwrap_or_else(|| self.ids.mint()),
+                name: call.function.name,
+                arguments: Arguments::from_value(call.function.arguments),
+            })
+            .collect();
+        Ok(ChatResponse {
+            message: Message::assistant(message.content, tool_calls),
+            usage: Usage { prompt_tokens: wire.prompt_eval_count, completion_tokens: wire.eval_count },
+            finish_reason: wire.done_reason,
+            retries: reply.retries,
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    stream: bool,
+    think: bool,
+    options: WireOptions,
+}
+
+#[derive(Serialize)]
+struct WireOptions {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    num_ctx: u32,
+}
+
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: Role,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireCallOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+impl<'a> WireMessage<'a> {
+    fn from_message(message: &'a Message) -> WireMessage<'a> {
+        WireMessage {
+            role: message.role,
+            content: &message.content,
+            tool_calls: message
+                .tool_calls
+                .iter()
+                .map(|call| WireCallOut {
+                    id: &call.id,
+                    function: WireFunctionOut { name: &call.name, arguments: call.arguments.to_json_object() },
+                })
+                .collect(),
+            tool_name: message.tool_name.as_deref(),
+            tool_call_id: message.tool_call_id.as_deref(),
+        }
+    }
+}
+
+/// An echoed tool call: the arguments go back as an object (a string breaks Ollama's parser).
+#[derive(Serialize)]
+struct WireCallOut<'a> {
+    id: &'a str,
+    function: WireFunctionOut<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionOut<'a> {
+    name: &'a str,
+    arguments: Value,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    r#type: &'static str,
+    function: &'a ToolSpec,
+}
+
+impl<'a> WireTool<'a> {
+    fn from_spec(spec: &'a ToolSpec) -> WireTool<'a> {
+        WireTool { r#type: "function", function: spec }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    message: Option<WireReplyMessage>,
+    done_reason: Option<String>,
+    prompt_eval_count: Option<u64>,
+    eval_count: Option<u64>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireReplyMessage {
+    #[serde(default)]
+    content: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    tool_calls: Vec<WireCallIn>,
+}
+
+#[derive(Deserialize)]
+struct WireCallIn {
+    id: Option<String>,
+    function: WireFunctionIn,
+}
+
+#[derive(Deserialize)]
+struct WireFunctionIn {
+    name: String,
+    #[serde(default)]
+    arguments: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_host;
+
+    #[test]
+    fn every_legal_ollama_host_form() {
+        let cases = [
+            ("", "http://127.0.0.1:11434"),
+            ("example.com", "http://example.com:11434"),
+            ("example.com:1234", "http://example.com:1234"),
+            ("http://example.com", "http://example.com:80"),
+            ("https://example.com", "https://example.com:443"),
+            ("https://example.com:8443/ollama/", "https://example.com:8443/ollama"),
+            ("example.com/path", "http://example.com:11434/path"),
+            ("0.0.0.0", "http://127.0.0.1:11434"),
+            ("0.0.0.0:8080", "http://127.0.0.1:8080"),
+            (":11435", "http://127.0.0.1:11435"),
+            ("[::1]:11434", "http://[::1]:11434"),
+            ("[::1]", "http://[::1]:11434"),
+            ("::1", "http://[::1]:11434"),
+            ("::", "http://127.0.0.1:11434"),
+            ("  \"127.0.0.1:9\"  ", "http://127.0.0.1:9"),
+            ("localhost:notaport", "http://localhost:11434"),
+            ("localhost:99999", "http://localhost:11434"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(parse_host(input), expected, "OLLAMA_HOST={input:?}");
+        }
+    }
+}

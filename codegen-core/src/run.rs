@@ -1,0 +1,568 @@
+//! The loop: one prompt, run to completion against a model that works through tools.
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::backend::{Backend, BackendError, ChatRequest};
+use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
+use crate::protocol::blocks::{self, BlockCommand};
+use crate::protocol::text::{self, TextCalls};
+use crate::protocol::ToolProtocol;
+use crate::sandbox::{Sandbox, SandboxError};
+use crate::tools::{self, ToolOutcome};
+use crate::transcript::{
+    CallSource, CallVolatile, EndOutcome, EndVolatile, Event, StartVolatile, Transcript,
+};
+
+/// One prompt to run: the model, its sampling settings, its budget and its contract.
+///
+/// Setters take and return `&mut Step`, so a step can be configured in one expression or
+/// bit by bit:
+///
+/// ```no_run
+/// # use codegen_core::{Step, ToolProtocol};
+/// let mut step = Step::new("qwen2.5-coder:7b", "Write the file hello.rs ...");
+/// step.seed(123).temperature(0.0).max_steps(8).protocol(ToolProtocol::Native);
+/// step.expect_output("hello.rs");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub(crate) model: String,
+    pub(crate) prompt: String,
+    pub(crate) system_prompt: Option<String>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) temperature: Option<f64>,
+    pub(crate) max_steps: u32,
+    pub(crate) protocol: ToolProtocol,
+    pub(crate) outputs: Vec<String>,
+}
+
+impl Step {
+    /// Model calls a step may make when nothing else is said, repairs included.
+    pub const DEFAULT_MAX_STEPS: u32 = 8;
+
+    /// A step that sends `prompt` to `model`, with the defaults: no system prompt of the
+    /// user's, the server's default seed and temperature, [`Step::DEFAULT_MAX_STEPS`] model
+    /// calls, the [`ToolProtocol::Native`] protocol, and no declared outputs.
+    pub fn new(model: impl Into<String>, prompt: impl Into<String>) -> Step {
+        Step {
+            model: model.into(),
+            prompt: prompt.into(),
+            system_prompt: None,
+            seed: None,
+            temperature: None,
+            max_steps: Step::DEFAULT_MAX_STEPS,
+            protocol: ToolProtocol::Native,
+            outputs: Vec::new(),
+        }
+    }
+
+    /// Instructions sent before the prompt, ahead of the loop's own (which explain the tools).
+    pub fn system_prompt(&mut self, text: impl Into<String>) -> &mut Step {
+        self.system_prompt = Some(text.into());
+        self
+    }
+
+    /// The sampling seed, for servers that honour one.
+    pub fn seed(&mut self, seed: u64) -> &mut Step {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The sampling temperature; 0 for the most repeatable output.
+    pub fn temperature(&mut self, temperature: f64) -> &mut Step {
+        self.temperature = Some(temperature);
+        self
+    }
+
+    /// The budget of model calls, repairs included. Reaching it is an error.
+    pub fn max_steps(&mut self, max_steps: u32) -> &mut Step {
+        self.max_steps = max_steps;
+        self
+    }
+
+    /// How the model calls tools.
+    pub fn protocol(&mut self, protocol: ToolProtocol) -> &mut Step {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Declares a file (relative to the output root) the step must produce: `finish` is
+    /// refused while it is missing, and the model is told so.
+    pub fn expect_output(&mut self, path: impl Into<String>) -> &mut Step {
+        self.outputs.push(path.into());
+        self
+    }
+
+    /// Runs the step to completion.
+    pub fn run(&self, backend: &mut dyn Backend, sandbox: &mut Sandbox) -> Result<StepOutput, StepFailure> {
+        self.run_observed(backend, sandbox, &mut |_| {})
+    }
+
+    /// Runs the step, showing `observer` each [`Event`] as it is recorded (for progress).
+    pub fn run_observed(
+        &self,
+        backend: &mut dyn Backend,
+        sandbox: &mut Sandbox,
+        observer: &mut dyn FnMut(&Event),
+    ) -> Result<StepOutput, StepFailure> {
+        Run::new(self, backend, sandbox, observer).go()
+    }
+}
+
+/// Runs `prompt` with `model` and default settings, writing under `output_root` (which it
+/// creates) and reading only there: the one-call form of [`Step`] and [`Sandbox`].
+pub fn run_prompt(
+    backend: &mut dyn Backend,
+    model: &str,
+    prompt: &str,
+    output_root: &Path,
+) -> Result<StepOutput, StepFailure> {
+    let mut sandbox = Sandbox::builder(output_root)
+        .build()
+        .map_err(|e| StepFailure { error: Error::Sandbox(e), transcript: Transcript::default() })?;
+    Step::new(model, prompt).run(backend, &mut sandbox)
+}
+
+/// A step that completed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// Whether the model called `finish` or simply stopped calling tools.
+    pub end: EndOutcome,
+    /// The model's `finish` summary.
+    pub summary: Option<String>,
+    /// Files written, as paths relative to the output root, in first-write order.
+    pub written: Vec<String>,
+    /// The protocol the step ended on (differs from the one asked for after a fallback).
+    pub protocol: ToolProtocol,
+    /// Things the user should know, e.g. a protocol fallback.
+    pub notes: Vec<String>,
+    /// The record of the step.
+    pub transcript: Transcript,
+}
+
+/// Why a step failed, and what it did up to then.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct StepFailure {
+    /// What went wrong.
+    #[source]
+    pub error: Error,
+    /// Everything recorded before the failure.
+    pub transcript: Transcript,
+}
+
+/// Why a step failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The model could not be called.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The budget of model calls ran out.
+    #[error("the step used all {max_steps} model calls of its budget (`max_steps`) without finishing{}{}\nRaise `max_steps`, make the prompt more explicit, or try another protocol; the transcript shows each turn.",
+        missing_text(missing_outputs),
+        last_problem.as_deref().map(|p| format!("; the last problem told to the model was: {p}")).unwrap_or_default())]
+    BudgetExhausted {
+        /// The budget.
+        max_steps: u32,
+        /// Declared outputs that were still missing.
+        missing_outputs: Vec<String>,
+        /// The last repair the model was given, if any.
+        last_problem: Option<String>,
+    },
+    /// The sandbox could not be set up.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+fn missing_text(missing: &[String]) -> String {
+    if missing.is_empty() {
+        String::new()
+    } else {
+        format!("; still missing: {}", missing.join(", "))
+    }
+}
+
+/// The state of one run of a [`Step`].
+struct Run<'a> {
+    step: &'a Step,
+    backend: &'a mut dyn Backend,
+    sandbox: &'a mut Sandbox,
+    observer: &'a mut dyn FnMut(&Event),
+    protocol: ToolProtocol,
+    history: Vec<Message>,
+    transcript: Transcript,
+    notes: Vec<String>,
+    model_calls: u32,
+    last_problem: Option<String>,
+    started: Instant,
+}
+
+/// One tool call to run, wherever it came from.
+struct PendingCall {
+    id: String,
+    name: String,
+    arguments: Arguments,
+    via: CallSource,
+    /// For `@@@` commands: how the result is labelled back to the model.
+    label: String,
+}
+
+/// The outcome of handling one reply.
+enum Turn {
+    Continue,
+    Finished(Option<String>),
+    Stopped,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        step: &'a Step,
+        backend: &'a mut dyn Backend,
+        sandbox: &'a mut Sandbox,
+        observer: &'a mut dyn FnMut(&Event),
+    ) -> Run<'a> {
+        Run {
+            step,
+            backend,
+            sandbox,
+            observer,
+            protocol: step.protocol,
+            history: Vec::new(),
+            transcript: Transcript::default(),
+            notes: Vec::new(),
+            model_calls: 0,
+            last_problem: None,
+            started: Instant::now(),
+        }
+    }
+
+    fn record(&mut self, event: Event) {
+        (self.observer)(&event);
+        self.transcript.events.push(event);
+    }
+
+    fn push_message(&mut self, message: Message) {
+        let index = self.history.len();
+        self.history.push(message.clone());
+        self.record(Event::Message { index, message });
+    }
+
+    fn repair(&mut self, problem: String) {
+        self.last_problem = Some(problem.clone());
+        self.record(Event::Repair { model_call: self.model_calls, problem });
+    }
+
+    fn go(mut self) -> Result<StepOutput, StepFailure> {
+        self.record(Event::Start {
+            model: self.step.model.clone(),
+            backend: self.backend.kind(),
+            protocol: self.step.protocol,
+            seed: self.step.seed,
+            temperature: self.step.temperature,
+            max_steps: self.step.max_steps,
+            volatile: Some(StartVolatile { location: self.backend.location() }),
+        });
+        let system = self.system_prompt();
+        self.push_message(Message::system(system));
+        self.push_message(Message::user(self.step.prompt.clone()));
+        let result = self.drive();
+        let (outcome, summary) = match &result {
+            Ok(Turn::Finished(summary)) => (EndOutcome::Finished, summary.clone()),
+            Ok(_) => (EndOutcome::NoToolCall, None),
+            Err(_) => (EndOutcome::Failed, None),
+        };
+        let wall_time = self.started.elapsed();
+        self.record(Event::End { outcome, summary: summary.clone(), volatile: Some(EndVolatile { wall_time }) });
+        match result {
+            Ok(_) => Ok(StepOutput {
+                end: outcome,
+                summary,
+                written: self.sandbox.written().to_vec(),
+                protocol: self.protocol,
+                notes: self.notes,
+                transcript: self.transcript,
+            }),
+            Err(error) => Err(StepFailure { error, transcript: self.transcript }),
+        }
+    }
+
+    fn drive(&mut self) -> Result<Turn, Error> {
+        loop {
+            if self.model_calls >= self.step.max_steps {
+                return Err(Error::BudgetExhausted {
+                    max_steps: self.step.max_steps,
+                    missing_outputs: self.missing_outputs(),
+                    last_problem: self.last_problem.clone(),
+                });
+            }
+            let specs: Vec<ToolSpec> =
+                if self.protocol == ToolProtocol::Native { tools::tool_specs() } else { Vec::new() };
+            let request = ChatRequest {
+                model: &self.step.model,
+                messages: &self.history,
+                tools: &specs,
+                seed: self.step.seed,
+                temperature: self.step.temperature,
+            };
+            let sent_at = Instant::now();
+            let response = match self.backend.chat(&request) {
+                Ok(response) => response,
+                Err(BackendError::ToolsUnsupported { model, server_message, .. })
+                    if self.protocol == ToolProtocol::Native =>
+                {
+                    self.fall_back_to_json(&model, server_message);
+                    continue;
+                }
+                Err(err) => return Err(err.into()),
+            };
+            self.model_calls += 1;
+            let messages_sent = self.history.len();
+            self.record(Event::ModelCall {
+                number: self.model_calls,
+                messages_sent,
+                usage: response.usage,
+                finish_reason: response.finish_reason.clone(),
+                volatile: Some(CallVolatile { duration: sent_at.elapsed(), retries: response.retries }),
+            });
+            match self.handle_reply(response.message) {
+                Turn::Continue => {}
+                ended => return Ok(ended),
+            }
+        }
+    }
+
+    /// The server rejected native tools: describe them in the system prompt instead, and
+    /// say so. The rejected request made no generation, so it does not count as a call.
+    fn fall_back_to_json(&mut self, model: &str, reason: String) {
+        self.protocol = ToolProtocol::Json;
+        self.notes.push(format!(
+            "model `{model}` does not support native tool calls, so this step fell back to the `json` \
+             protocol; set `protocol = \"json\"` to skip the failed request"
+        ));
+        self.record(Event::Fallback { from: ToolProtocol::Native, to: ToolProtocol::Json, reason });
+        let system = self.system_prompt();
+        self.history[0] = Message::system(system.clone());
+        self.record(Event::Message { index: 0, message: Message::system(system) });
+    }
+
+    fn system_prompt(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(user) = &self.step.system_prompt {
+            parts.push(user.trim_end().to_string());
+        }
+        parts.push(
+            "You work on a project through tools: read the files you need, write every file the task \
+             asks for with its complete content, and finish when you are done. Paths are relative and \
+             use forward slashes."
+                .to_string(),
+        );
+        if !self.step.outputs.is_empty() {
+            parts.push(format!("This task must produce these files: {}.", self.step.outputs.join(", ")));
+        }
+        match self.protocol {
+            ToolProtocol::Native => {}
+            ToolProtocol::Json => parts.push(text::json_protocol_instructions(&tools::tool_specs())),
+            ToolProtocol::Blocks => parts.push(blocks::blocks_protocol_instructions()),
+        }
+        parts.join("\n\n")
+    }
+
+    fn missing_outputs(&self) -> Vec<String> {
+        self.step.outputs.iter().filter(|path| !self.sandbox.output_exists(path)).cloned().collect()
+    }
+
+    /// Turns the reply into tool calls and problems, runs the calls, and answers the model.
+    fn handle_reply(&mut self, reply: Message) -> Turn {
+        let (calls, problems) = self.calls_in(&reply);
+        let native = !reply.tool_calls.is_empty();
+        self.push_message(reply);
+
+        let mut answers = Vec::new();
+        let mut finished = None;
+        for call in calls {
+            if finished.is_some() {
+                let note = format!("`{}` was not run: it came after `finish`.", call.name);
+                answers.push((call, note));
+                continue;
+            }
+            let outcome = tools::execute(&call.name, &call.arguments, self.sandbox);
+            let (ok, text) = match outcome {
+                ToolOutcome::Ran(text) => (true, text),
+                ToolOutcome::Refused(problem) => (false, problem),
+                ToolOutcome::Finish(summary) => {
+                    let missing = self.missing_outputs();
+                    if missing.is_empty() {
+                        finished = Some(summary);
+                        (true, "Finished.".to_string())
+                    } else {
+                        let problem = format!(
+                            "`finish` refused: the task must produce {} and {} not written yet. Write {} with write_file, then call finish.",
+                            missing.join(", "),
+                            if missing.len() == 1 { "it is" } else { "they are" },
+                            if missing.len() == 1 { "it" } else { "them" },
+                        );
+                        (false, problem)
+                    }
+                }
+            };
+            self.record(Event::ToolRun {
+                model_call: self.model_calls,
+                via: call.via,
+                tool: call.name.clone(),
+                arguments: call.arguments.clone(),
+                ok,
+            });
+            if !ok {
+                self.repair(text.clone());
+            }
+            answers.push((call, text));
+        }
+        for problem in &problems {
+            self.repair(problem.clone());
+        }
+
+        if native {
+            for (call, text) in &answers {
+                let echo = ToolCall { id: call.id.clone(), name: call.name.clone(), arguments: call.arguments.clone() };
+                self.push_message(Message::tool_result(&echo, text.clone()));
+            }
+            if !problems.is_empty() {
+                self.push_message(Message::user(problems.join("\n")));
+            }
+        } else if !answers.is_empty() || !problems.is_empty() {
+            let message = self.render_text_answers(&answers, &problems);
+            self.push_message(Message::user(message));
+        }
+
+        if let Some(summary) = finished {
+            return Turn::Finished(Some(summary));
+        }
+        if answers.is_empty() && problems.is_empty() {
+            let missing = self.missing_outputs();
+            if missing.is_empty() {
+                return Turn::Stopped;
+            }
+            let problem = format!(
+                "You replied without calling a tool, but the task is not done: {} still missing. {}",
+                missing.join(", "),
+                self.how_to_write()
+            );
+            self.repair(problem.clone());
+            self.push_message(Message::user(problem));
+        }
+        Turn::Continue
+    }
+
+    fn how_to_write(&self) -> &'static str {
+        match self.protocol {
+            ToolProtocol::Native => "Call write_file for each missing file, then finish.",
+            ToolProtocol::Json => {
+                "Answer with a JSON object such as {\"tool\": \"write_file\", \"arguments\": {\"path\": ..., \"content\": ...}}."
+            }
+            ToolProtocol::Blocks => "Write each missing file between @@@write_begin(path) and @@@write_end, then @@@done.",
+        }
+    }
+
+    /// The calls a reply makes, in the step's protocol, and what could not be read.
+    fn calls_in(&self, reply: &Message) -> (Vec<PendingCall>, Vec<String>) {
+        if !reply.tool_calls.is_empty() {
+            let calls = reply
+                .tool_calls
+                .iter()
+                .map(|call| PendingCall {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    via: CallSource::Native,
+                    label: call.name.clone(),
+                })
+                .collect();
+            return (calls, Vec::new());
+        }
+        match self.protocol {
+            ToolProtocol::Native | ToolProtocol::Json => match text::calls_in_text(&reply.content) {
+                TextCalls::None => (Vec::new(), Vec::new()),
+                TextCalls::Malformed(problem) => (Vec::new(), vec![problem]),
+                TextCalls::Found(found) => {
+                    let calls = found
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, call)| PendingCall {
+                            id: format!("text_{}_{}", self.model_calls, i + 1),
+                            label: call.name.clone(),
+                            name: call.name,
+                            arguments: call.arguments,
+                            via: CallSource::Text,
+                        })
+                        .collect();
+                    (calls, Vec::new())
+                }
+            },
+            ToolProtocol::Blocks => {
+                let parsed = blocks::parse_blocks(&reply.content);
+                let calls = parsed
+                    .commands
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, command)| {
+                        let (name, label, arguments) = block_call(command);
+                        PendingCall {
+                            id: format!("block_{}_{}", self.model_calls, i + 1),
+                            name: name.to_string(),
+                            arguments: Arguments::Object(arguments),
+                            via: CallSource::Block,
+                            label,
+                        }
+                    })
+                    .collect();
+                (calls, parsed.problems)
+            }
+        }
+    }
+
+    /// One user turn answering every call and problem of a text-protocol reply.
+    fn render_text_answers(&self, answers: &[(PendingCall, String)], problems: &[String]) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        for (call, text) in answers {
+            parts.push(match self.protocol {
+                ToolProtocol::Blocks => blocks::render_result(&call.label, text),
+                _ => format!("Result of {} {}:\n{}", call.name, call.arguments.to_json_text(), text),
+            });
+        }
+        for problem in problems {
+            parts.push(format!("Problem: {problem}"));
+        }
+        parts.join("\n\n")
+    }
+}
+
+/// The tool an `@@@` command stands for, its label in results, and its arguments.
+fn block_call(command: BlockCommand) -> (&'static str, String, serde_json::Map<String, serde_json::Value>) {
+    let mut args = serde_json::Map::new();
+    match command {
+        BlockCommand::Read { path } => {
+            let label = format!("read({path})");
+            args.insert("path".into(), path.into());
+            (tools::READ_FILE, label, args)
+        }
+        BlockCommand::Write { path, content } => {
+            let label = format!("write({path})");
+            args.insert("path".into(), path.into());
+            args.insert("content".into(), content.into());
+            (tools::WRITE_FILE, label, args)
+        }
+        BlockCommand::List { dir } => {
+            let label = format!("list({})", dir.as_deref().unwrap_or(""));
+            if let Some(dir) = dir {
+                args.insert("dir".into(), dir.into());
+            }
+            (tools::LIST_FILES, label, args)
+        }
+        BlockCommand::Done { summary } => {
+            args.insert("summary".into(), summary.into());
+            (tools::FINISH, "done".to_string(), args)
+        }
+    }
+}

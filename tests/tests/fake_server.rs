@@ -1,0 +1,700 @@
+//! The fake LLM server, driven through a real HTTP client (reqwest blocking) over loopback.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
+use reqwest::blocking::{Client, Response};
+use serde_json::{Value, json};
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+fn post(client: &Client, url: &str, body: &Value) -> Response {
+    client.post(url).json(body).send().expect("request")
+}
+
+fn chat_body(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": false})
+}
+
+/// Sends raw bytes on a fresh connection, half-closes it, and returns everything the server sends until it
+/// closes (or 5 s pass, which fails the caller's assertions rather than hanging).
+fn raw_exchange(server: &FakeLlm, request: &[u8]) -> String {
+    let addr = server.url().trim_start_matches("http://").to_owned();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    // Half-close: a server waiting for more of the request sees EOF instead of waiting.
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+// ----------------------------------------------------------------------------------------------
+// Turns
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn text_turn_in_ollama_shape() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("hello").tokens(42, 7))]);
+    let response = post(
+        &client(),
+        &format!("{}/api/chat", server.url()),
+        &chat_body("qwen"),
+    );
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    let body: Value = response.json().unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "model": "qwen",
+            "created_at": "2026-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": "hello"},
+            "done": true,
+            "done_reason": "stop",
+            "total_duration": 1000,
+            "load_duration": 10,
+            "prompt_eval_count": 42,
+            "eval_count": 7
+        })
+    );
+    assert_eq!(server.remaining(), 0);
+}
+
+#[test]
+fn tool_calls_in_ollama_shape_with_every_args_shape() {
+    let args = json!({"path": "a.rs", "content": "fn main() {}"});
+    let server = FakeLlm::start(vec![Reply::turn(Turn::calls(vec![
+        FakeCall::new("write_file", args.clone()).id("call_ab12cd34"),
+        FakeCall::new("read_file", json!({"path": "b.rs"})),
+        FakeCall::new("list", json!({"dir": "."})).shape(ArgsShape::Object),
+        FakeCall::new("write_file", args.clone()).shape(ArgsShape::String),
+        FakeCall::new("finish", json!({})).shape(ArgsShape::RawString("{oops".into())),
+    ]))]);
+    let body: Value = post(
+        &client(),
+        &format!("{}/api/chat", server.url()),
+        &chat_body("llama3.1"),
+    )
+    .json()
+    .unwrap();
+    assert_eq!(
+        body["message"],
+        json!({
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_ab12cd34", "function": {"index": 0, "name": "write_file", "arguments": args}},
+                {"function": {"index": 1, "name": "read_file", "arguments": {"path": "b.rs"}}},
+                {"function": {"index": 2, "name": "list", "arguments": {"dir": "."}}},
+                {"function": {"index": 3, "name": "write_file", "arguments": args.to_string()}},
+                {"function": {"index": 4, "name": "finish", "arguments": "{oops"}}
+            ]
+        })
+    );
+    // No id key at all when none was given (newer servers only), and done_reason never
+    // "tool_calls" in Ollama.
+    assert!(body["message"]["tool_calls"][1].get("id").is_none());
+    assert_eq!(body["done_reason"], "stop");
+    assert_eq!(body["model"], "llama3.1");
+    assert_eq!(body["prompt_eval_count"], 10);
+    assert_eq!(body["eval_count"], 5);
+}
+
+#[test]
+fn text_turn_in_openai_shape() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("hello").tokens(3, 4))]);
+    let body: Value = post(
+        &client(),
+        &format!("{}/v1/chat/completions", server.url()),
+        &chat_body("gpt-x"),
+    )
+    .json()
+    .unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-x",
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": "hello"},
+                "finish_reason": "stop"
+            }],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        })
+    );
+}
+
+#[test]
+fn tool_calls_in_openai_shape_with_every_args_shape_and_generated_ids() {
+    let args = json!({"path": "a.rs", "content": "x"});
+    let server = FakeLlm::start(vec![
+        Reply::turn(Turn::calls(vec![
+            FakeCall::new("write_file", args.clone()),
+            FakeCall::new("write_file", args.clone()).id("mine"),
+            FakeCall::new("list", json!({"dir": "."})).shape(ArgsShape::Object),
+            FakeCall::new("finish", json!({"ignored": 1}))
+                .shape(ArgsShape::RawString(String::new())),
+            FakeCall::new("read_file", json!({"path": "b"})).shape(ArgsShape::String),
+        ])),
+        Reply::turn(Turn::call("read_file", json!({"path": "c"})).with_content("reading")),
+    ]);
+    let url = format!("{}/chat/completions", server.url());
+    let client = client();
+    let body: Value = post(&client, &url, &chat_body("m")).json().unwrap();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    assert!(
+        choice["message"]
+            .as_object()
+            .unwrap()
+            .contains_key("content")
+    );
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(
+        calls[0],
+        json!({"id": "call_1", "type": "function",
+               "function": {"name": "write_file", "arguments": args.to_string()}})
+    );
+    // The default OpenAI shape is JSON text that round-trips to the arguments.
+    let text = calls[0]["function"]["arguments"].as_str().unwrap();
+    assert_eq!(serde_json::from_str::<Value>(text).unwrap(), args);
+    assert_eq!(calls[1]["id"], "mine");
+    assert_eq!(calls[2]["id"], "call_2");
+    assert_eq!(calls[2]["function"]["arguments"], json!({"dir": "."}));
+    assert_eq!(calls[3]["id"], "call_3");
+    assert_eq!(calls[3]["function"]["arguments"], "");
+    assert_eq!(calls[4]["id"], "call_4");
+    assert_eq!(calls[4]["function"]["arguments"], r#"{"path":"b"}"#);
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+    );
+
+    // Generated ids stay unique across turns.
+    let body: Value = post(&client, &url, &chat_body("m")).json().unwrap();
+    let message = &body["choices"][0]["message"];
+    assert_eq!(message["content"], "reading");
+    assert_eq!(message["tool_calls"][0]["id"], "call_5");
+}
+
+#[test]
+fn turn_protocol_follows_the_request_path() {
+    let server = FakeLlm::start(vec![
+        Reply::turn(Turn::text("a")),
+        Reply::turn(Turn::text("b")),
+        Reply::turn(Turn::text("c")),
+    ]);
+    let client = client();
+    // A host with a path prefix still speaks Ollama.
+    let ollama: Value = post(
+        &client,
+        &format!("{}/proxy/api/chat", server.url()),
+        &chat_body("m"),
+    )
+    .json()
+    .unwrap();
+    assert_eq!(ollama["message"]["content"], "a");
+    assert!(ollama.get("choices").is_none());
+
+    // No model in the request: a placeholder model is echoed.
+    let openai: Value = post(
+        &client,
+        &format!("{}/v1/chat/completions", server.url()),
+        &json!({}),
+    )
+    .json()
+    .unwrap();
+    assert_eq!(openai["choices"][0]["message"]["content"], "b");
+    assert_eq!(openai["model"], "fake-model");
+
+    // A turn cannot be rendered for a non-chat path: 404, the reply is consumed.
+    let response = post(
+        &client,
+        &format!("{}/v1/completions", server.url()),
+        &chat_body("m"),
+    );
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("/v1/completions is not a chat endpoint"),
+        "{message}"
+    );
+    assert_eq!(server.remaining(), 0);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Verbatim replies and errors
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn json_and_status_replies_are_verbatim_with_headers() {
+    let server = FakeLlm::start(vec![
+        Reply::json(json!({"anything": [1, 2, 3]})),
+        Reply::status(429, json!({"error": "slow down"}))
+            .header("Retry-After", "2")
+            .header("retry-after-ms", "1500"),
+        Reply::status(200, json!("plain")).header("Content-Type", "text/plain"),
+    ]);
+    let client = client();
+    let url = format!("{}/whatever", server.url());
+
+    let response = post(&client, &url, &json!({}));
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.json::<Value>().unwrap(),
+        json!({"anything": [1, 2, 3]})
+    );
+
+    let response = post(&client, &url, &json!({}));
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "2");
+    assert_eq!(response.headers()["retry-after-ms"], "1500");
+    assert_eq!(
+        response.json::<Value>().unwrap(),
+        json!({"error": "slow down"})
+    );
+
+    let response = post(&client, &url, &json!({}));
+    let content_types: Vec<_> = response.headers().get_all("content-type").iter().collect();
+    assert_eq!(content_types, ["text/plain"]);
+    assert_eq!(response.text().unwrap(), r#""plain""#);
+}
+
+#[test]
+fn errors_are_rendered_in_the_request_protocol() {
+    let server = FakeLlm::start(vec![
+        Reply::error(404, "model 'x' not found"),
+        Reply::error(500, "boom"),
+        Reply::error(400, "bad tools"),
+        Reply::openai_error(
+            429,
+            "quota",
+            "insufficient_quota",
+            Some("insufficient_quota"),
+        )
+        .header("Retry-After", "1"),
+        Reply::openai_error(
+            429,
+            "quota",
+            "insufficient_quota",
+            Some("insufficient_quota"),
+        ),
+    ]);
+    let client = client();
+    let ollama = format!("{}/api/chat", server.url());
+    let openai = format!("{}/v1/chat/completions", server.url());
+
+    let response = post(&client, &ollama, &chat_body("x"));
+    assert_eq!(response.status(), 404);
+    assert_eq!(
+        response.json::<Value>().unwrap(),
+        json!({"error": "model 'x' not found"})
+    );
+
+    let response = post(&client, &openai, &chat_body("x"));
+    assert_eq!(response.status(), 500);
+    assert_eq!(
+        response.json::<Value>().unwrap(),
+        json!({"error": {"message": "boom", "type": "server_error", "param": null, "code": null}})
+    );
+
+    let response = post(&client, &openai, &chat_body("x"));
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        response.json::<Value>().unwrap()["error"]["type"],
+        "invalid_request_error"
+    );
+
+    let response = post(&client, &openai, &chat_body("x"));
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(
+        response.json::<Value>().unwrap(),
+        json!({"error": {"message": "quota", "type": "insufficient_quota", "param": null,
+                         "code": "insufficient_quota"}})
+    );
+
+    // The explicit OpenAI fields do not leak into the Ollama shape.
+    let response = post(&client, &ollama, &chat_body("x"));
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.json::<Value>().unwrap(), json!({"error": "quota"}));
+}
+
+#[test]
+fn exhausted_script_answers_500_in_the_request_protocol_and_records() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("only"))]);
+    let client = client();
+    let openai = format!("{}/v1/chat/completions", server.url());
+    assert_eq!(post(&client, &openai, &chat_body("m")).status(), 200);
+
+    let response = post(&client, &openai, &chat_body("m"));
+    assert_eq!(response.status(), 500);
+    let body: Value = response.json().unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "fake LLM server: script exhausted after 1 replies"
+    );
+
+    let response = post(
+        &client,
+        &format!("{}/api/chat", server.url()),
+        &chat_body("m"),
+    );
+    assert_eq!(response.status(), 500);
+    assert_eq!(
+        response.json::<Value>().unwrap(),
+        json!({"error": "fake LLM server: script exhausted after 1 replies"})
+    );
+
+    let paths: Vec<_> = server.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        paths,
+        ["/v1/chat/completions", "/v1/chat/completions", "/api/chat"]
+    );
+
+    // Pushing revives the script.
+    server.push(Reply::json(json!({"late": true})));
+    assert_eq!(server.remaining(), 1);
+    let body: Value = post(&client, &openai, &json!({})).json().unwrap();
+    assert_eq!(body, json!({"late": true}));
+    assert_eq!(server.remaining(), 0);
+}
+
+#[test]
+fn discovery_endpoints_do_not_consume_the_script() {
+    let server = FakeLlm::start(vec![Reply::json(json!({"scripted": 1}))]);
+    let client = client();
+    let version: Value = client
+        .get(format!("{}/api/version", server.url()))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(version, json!({"version": "0.0.0-fake"}));
+    let health = client
+        .get(format!("{}/health", server.url()))
+        .send()
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.json::<Value>().unwrap(), json!({"status": "ok"}));
+    assert_eq!(server.remaining(), 1);
+
+    // A POST to /health is not discovery: it takes the scripted reply.
+    let body: Value = client
+        .post(format!("{}/health", server.url()))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(body, json!({"scripted": 1}));
+
+    let seen: Vec<_> = server
+        .requests()
+        .into_iter()
+        .map(|r| (r.method, r.path))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("GET".to_owned(), "/api/version".to_owned()),
+            ("GET".to_owned(), "/health".to_owned()),
+            ("POST".to_owned(), "/health".to_owned()),
+        ]
+    );
+}
+
+// ----------------------------------------------------------------------------------------------
+// Misbehaviour
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn stall_is_a_client_timeout_and_drop_ends_it() {
+    let started = Instant::now();
+    let server = FakeLlm::start(vec![
+        Reply::stall(Duration::from_secs(5)),
+        Reply::json(json!({"after": "stall"})),
+        Reply::stall(Duration::from_secs(30)),
+    ]);
+    let impatient = Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let url = format!("{}/api/chat", server.url());
+    let err = impatient
+        .post(&url)
+        .json(&chat_body("m"))
+        .send()
+        .expect_err("a stall must time out");
+    assert!(err.is_timeout(), "{err:?}");
+    // Recorded before the (non-)answer.
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(server.requests()[0].json()["model"], "m");
+
+    // The server keeps serving other requests meanwhile.
+    let body: Value = post(&impatient, &url, &json!({})).json().unwrap();
+    assert_eq!(body, json!({"after": "stall"}));
+
+    // A 30 s stall on a raw connection: dropping the server must close it promptly.
+    let addr = server.url().trim_start_matches("http://").to_owned();
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .unwrap();
+    while server.requests().len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "stall request never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dropping = Instant::now();
+    drop(server);
+    let mut buf = [0u8; 64];
+    let n = raw.read(&mut buf).expect("EOF, not a read timeout");
+    assert_eq!(n, 0, "a stall sends nothing");
+    assert!(
+        dropping.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        dropping.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn truncated_body_fails_when_read() {
+    let full = json!({"message": {"role": "assistant", "content": "a fairly long reply body"}});
+    let server = FakeLlm::start(vec![
+        Reply::truncated(full.clone()).header("X-Fake", "yes"),
+        Reply::json(json!({"next": 1})),
+    ]);
+    let client = client();
+    let url = format!("{}/api/chat", server.url());
+    let response = post(&client, &url, &chat_body("m"));
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-fake"], "yes");
+    assert_eq!(
+        response.content_length(),
+        Some(full.to_string().len() as u64)
+    );
+    let err = response
+        .text()
+        .expect_err("half a body must not read cleanly");
+    assert!(err.is_body() || err.is_decode(), "{err:?}");
+
+    // The same client recovers on a new connection.
+    let body: Value = post(&client, &url, &json!({})).json().unwrap();
+    assert_eq!(body, json!({"next": 1}));
+    assert_eq!(server.connections(), 2);
+}
+
+#[test]
+fn truncated_body_is_the_first_half_on_the_wire() {
+    let full = json!({"k": "0123456789abcdef"});
+    let text = full.to_string();
+    let server = FakeLlm::start(vec![Reply::truncated(full)]);
+    let out = raw_exchange(&server, b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (head, body) = out.split_once("\r\n\r\n").expect("a response head");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.contains(&format!("Content-Length: {}", text.len())),
+        "{head}"
+    );
+    assert_eq!(body, &text[..text.len() / 2]);
+}
+
+#[test]
+fn hang_up_is_a_request_error() {
+    let server = FakeLlm::start(vec![Reply::hang_up(), Reply::json(json!({"ok": true}))]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", server.url());
+    let err = client
+        .post(&url)
+        .json(&chat_body("m"))
+        .send()
+        .expect_err("no response must be an error");
+    assert!(err.is_request(), "{err:?}");
+    assert!(!err.is_timeout(), "{err:?}");
+    assert!(!err.is_connect(), "{err:?}");
+    // Not retried behind our back: exactly one request reached the server.
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(server.remaining(), 1);
+
+    let body: Value = post(&client, &url, &json!({})).json().unwrap();
+    assert_eq!(body, json!({"ok": true}));
+}
+
+#[test]
+fn refused_url_is_a_connect_error() {
+    let url = refused_url();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(!url.ends_with('/'));
+    let err = client()
+        .post(format!("{url}/api/chat"))
+        .json(&chat_body("m"))
+        .send()
+        .expect_err("nothing listens");
+    assert!(err.is_connect(), "{err:?}");
+}
+
+// ----------------------------------------------------------------------------------------------
+// HTTP plumbing
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn keep_alive_serves_several_requests_on_one_connection_in_order() {
+    let server = FakeLlm::start(vec![
+        Reply::turn(Turn::text("one")),
+        Reply::turn(Turn::text("two")),
+        Reply::turn(Turn::text("three")),
+    ]);
+    let url = server.url();
+    assert!(
+        url.starts_with("http://127.0.0.1:") && !url.ends_with('/'),
+        "{url}"
+    );
+    let client = client();
+    let mut contents = Vec::new();
+    for i in 0..3 {
+        let body: Value = client
+            .post(format!("{url}/api/chat"))
+            .header("Authorization", "Bearer k")
+            .json(&json!({"model": "m", "turn": i}))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        contents.push(body["message"]["content"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(contents, ["one", "two", "three"]);
+    assert_eq!(
+        server.connections(),
+        1,
+        "the client's pooled connection was reused"
+    );
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    for (i, request) in requests.iter().enumerate() {
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/api/chat");
+        assert_eq!(request.json(), json!({"model": "m", "turn": i}));
+        assert_eq!(request.header("AUTHORIZATION"), Some("Bearer k"));
+        assert_eq!(request.header("content-type"), Some("application/json"));
+        assert!(request.headers.iter().all(|(n, _)| *n == n.to_lowercase()));
+    }
+    assert_eq!(requests[0].header("x-missing"), None);
+}
+
+#[test]
+fn chunked_request_body_from_reqwest_is_decoded() {
+    let server = FakeLlm::start(vec![Reply::json(json!({})), Reply::json(json!({}))]);
+    let client = client();
+    let payload =
+        json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(20_000)}]});
+    // A reader of unknown length makes reqwest send `Transfer-Encoding: chunked`.
+    let body = reqwest::blocking::Body::new(std::io::Cursor::new(payload.to_string().into_bytes()));
+    let response = client
+        .post(format!("{}/api/chat", server.url()))
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let _ = response.text().unwrap();
+    // And the connection is still in sync for the next request.
+    assert_eq!(
+        post(
+            &client,
+            &format!("{}/api/chat", server.url()),
+            &json!({"n": 2})
+        )
+        .status(),
+        200
+    );
+
+    let requests = server.requests();
+    assert_eq!(requests[0].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(requests[0].header("content-length"), None);
+    assert_eq!(requests[0].json(), payload);
+    assert_eq!(requests[1].json(), json!({"n": 2}));
+    assert_eq!(server.connections(), 1);
+}
+
+#[test]
+fn raw_chunked_body_with_extensions_and_trailers_then_pipelined_request() {
+    let server = FakeLlm::start(vec![
+        Reply::json(json!({"a": 1})),
+        Reply::json(json!({"b": 2})),
+    ]);
+    let out = raw_exchange(
+        &server,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5;ext=1\r\n{\"k\":\r\nA\r\n \"0123456\"\r\n1\r\n}\r\n0\r\nX-Trailer: t\r\n\r\n\
+          POST /second HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]",
+    );
+    assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{out}");
+    assert!(out.ends_with(r#"{"b":2}"#), "{out}");
+    assert!(out.contains("Connection: close"), "{out}");
+    let requests = server.requests();
+    assert_eq!(requests[0].body, r#"{"k": "0123456"}"#);
+    assert_eq!(requests[0].json(), json!({"k": "0123456"}));
+    assert_eq!(requests[1].path, "/second");
+    assert_eq!(requests[1].body, "[]");
+}
+
+#[test]
+fn malformed_request_gets_400_and_the_server_survives() {
+    let server = FakeLlm::start(vec![Reply::json(json!({"still": "alive"}))]);
+    let out = raw_exchange(&server, b"this is not http\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+    assert!(out.contains("malformed request"), "{out}");
+    let out = raw_exchange(&server, b"POST /x HTTP/1.1\r\nContent-Length: nope\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 400 "), "{out}");
+    // Client vanishing mid-body.
+    let _ = raw_exchange(&server, b"POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n{");
+
+    assert!(
+        server.requests().is_empty(),
+        "malformed requests are not recorded"
+    );
+    assert_eq!(server.remaining(), 1);
+    let body: Value = post(&client(), &format!("{}/x", server.url()), &json!({}))
+        .json()
+        .unwrap();
+    assert_eq!(body, json!({"still": "alive"}));
+}
+
+#[test]
+#[should_panic(expected = "is not JSON")]
+fn recorded_json_panics_clearly_on_non_json() {
+    let server = FakeLlm::start(vec![Reply::json(json!({}))]);
+    client()
+        .post(format!("{}/api/chat", server.url()))
+        .body("not json")
+        .send()
+        .unwrap();
+    server.requests()[0].json();
+}
