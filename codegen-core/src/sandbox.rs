@@ -133,8 +133,9 @@ impl SandboxBuilder {
             mounts.push(Mount { virtual_path: normalized, comps, real, is_dir: meta.is_dir() });
         }
         for inner in &mounts {
-            if let Some(file) =
-                mounts.iter().find(|m| !m.is_dir && m.comps.len() < inner.comps.len() && inner.comps.starts_with(&m.comps))
+            if let Some(file) = mounts
+                .iter()
+                .find(|m| !m.is_dir && m.comps.len() < inner.comps.len() && inner.comps.starts_with(&m.comps))
             {
                 return Err(SandboxError::BadInputPath {
                     virtual_path: inner.virtual_path.clone(),
@@ -143,7 +144,7 @@ impl SandboxBuilder {
             }
         }
         // Most specific first, so the first mount that claims a path is the one that owns it.
-        mounts.sort_by(|a, b| b.comps.len().cmp(&a.comps.len()));
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.comps.len()));
 
         Ok(Sandbox { output_root, mounts, limits: self.limits, written: Vec::new() })
     }
@@ -283,6 +284,10 @@ struct Resolved {
 }
 
 const EXAMPLE: &str = "src/lib.rs";
+/// How many folders deep a written file may be, so one write cannot create folders without end.
+const MAX_WRITE_DEPTH: usize = 32;
+/// How long a written path may be.
+const MAX_WRITE_PATH_BYTES: usize = 1024;
 
 impl Sandbox {
     /// Same as [`SandboxBuilder::new`].
@@ -310,7 +315,10 @@ impl Sandbox {
             ));
         }
         if let Some(why) = protected_reason(&comps, true) {
-            return Err(refusal(vpath, format!("is protected ({why}) and cannot be read; read the project's source files instead")));
+            return Err(refusal(
+                vpath,
+                format!("is protected ({why}) and cannot be read; read the project's source files instead"),
+            ));
         }
         if self.is_virtual_folder(&comps) {
             return Err(folder_refusal(&vpath));
@@ -321,7 +329,10 @@ impl Sandbox {
             if !m.is_dir && !rest.is_empty() {
                 return Err(refusal(
                     vpath,
-                    format!("no such file: `{}` is a file, not a folder; call list_files to see the files you can read", m.virtual_path),
+                    format!(
+                        "no such file: `{}` is a file, not a folder; call list_files to see the files you can read",
+                        m.virtual_path
+                    ),
                 ));
             }
         }
@@ -335,7 +346,10 @@ impl Sandbox {
             return Err(folder_refusal(&vpath));
         }
         if !meta.is_file() {
-            return Err(refusal(vpath, "is not a regular file (it is a device, a socket or a pipe); only text files can be read"));
+            return Err(refusal(
+                vpath,
+                "is not a regular file (it is a device, a socket or a pipe); only text files can be read",
+            ));
         }
         let max = self.limits.max_read_bytes;
         let too_big = |size: u64| {
@@ -354,7 +368,10 @@ impl Sandbox {
             return Err(too_big(bytes.len() as u64));
         }
         String::from_utf8(bytes).map_err(|_| {
-            refusal(&vpath, "is not a UTF-8 text file (it is binary or in another encoding); only text files can be read")
+            refusal(
+                &vpath,
+                "is not a UTF-8 text file (it is binary or in another encoding); only text files can be read",
+            )
         })
     }
 
@@ -363,7 +380,8 @@ impl Sandbox {
     /// (`changed: false`).
     ///
     /// Refused: invalid or protected paths, inputs and the folders that hold them, paths
-    /// whose resolution leaves the output root, folders, content over
+    /// more than 32 folders deep or longer than 1024 bytes, paths whose resolution leaves the
+    /// output root, folders, content over
     /// [`Limits::max_write_bytes`], a new file beyond [`Limits::max_files_per_step`], and I/O
     /// failures.
     pub fn write_file(&mut self, path: &str, content: &str) -> Result<WriteOutcome, Refusal> {
@@ -375,7 +393,10 @@ impl Sandbox {
         if let Some(why) = protected_reason(&comps, true) {
             return Err(refusal(
                 vpath,
-                format!("is protected ({why}) and cannot be written; write generated files elsewhere, e.g. `{}`", self.elsewhere(&comps)),
+                format!(
+                    "is protected ({why}) and cannot be written; write generated files elsewhere, e.g. `{}`",
+                    self.elsewhere(&comps)
+                ),
             ));
         }
         if let Some(m) = self.mounts.iter().find(|m| comps.starts_with(&m.comps)) {
@@ -392,7 +413,21 @@ impl Sandbox {
         if self.is_virtual_folder(&comps) {
             return Err(refusal(
                 vpath,
-                format!("is a folder holding read-only inputs; write generated files elsewhere, e.g. `{}`", self.elsewhere(&comps)),
+                format!(
+                    "is a folder holding read-only inputs; write generated files elsewhere, e.g. `{}`",
+                    self.elsewhere(&comps)
+                ),
+            ));
+        }
+        if comps.len().saturating_sub(1) > MAX_WRITE_DEPTH || vpath.len() > MAX_WRITE_PATH_BYTES {
+            return Err(refusal(
+                shown(&vpath),
+                format!(
+                    "is {} folders deep and {} bytes long; written files may be at most {MAX_WRITE_DEPTH} folders deep and \
+                     {MAX_WRITE_PATH_BYTES} bytes long, so choose a shorter path",
+                    comps.len().saturating_sub(1),
+                    vpath.len()
+                ),
             ));
         }
         let max = self.limits.max_write_bytes;
@@ -429,7 +464,8 @@ impl Sandbox {
     /// The sorted virtual paths of every readable file, inputs and output root alike, or only
     /// of those under the folder `dir` (`None`, `""` and `"."` mean everything). Protected
     /// paths, symbolic links that lead outside their root and names the model could not
-    /// address are left out. A `dir` that is not a folder is refused, naming the top-level
+    /// address are left out; symbolic links to folders are not followed (their files are
+    /// listed where they really are, if inside the root). A `dir` that is not a folder is refused, naming the top-level
     /// folders that do exist.
     pub fn list_files(&self, dir: Option<&str>) -> Result<Vec<String>, Refusal> {
         let comps = match dir {
@@ -459,7 +495,9 @@ impl Sandbox {
                     self.walk(&area, &m.real, &m.comps, &mut out);
                 }
                 found = true;
-            } else if comps.starts_with(&m.comps) && self.locate(&comps).mount.is_some_and(|owner| std::ptr::eq(owner, m)) {
+            } else if comps.starts_with(&m.comps)
+                && self.locate(&comps).mount.is_some_and(|owner| std::ptr::eq(owner, m))
+            {
                 // The folder asked for lies inside this mount.
                 if !m.is_dir {
                     continue;
@@ -599,13 +637,16 @@ impl Sandbox {
                     ));
                 }
                 if !meta.is_file() {
-                    return Err(refusal(vpath, "is not a regular file (it is a device, a socket or a pipe); write elsewhere"));
+                    return Err(refusal(
+                        vpath,
+                        "is not a regular file (it is a device, a socket or a pipe); write elsewhere",
+                    ));
                 }
                 resolved.path
             }
             Some((name, folders)) => {
                 let mut dir = resolved.path;
-                let existing = comps.len() - resolved.missing.len();
+                let existing = comps.len().saturating_sub(resolved.missing.len());
                 let meta = cfs::symlink_metadata(&dir).map_err(|e| io_refusal(vpath, &e))?;
                 if !meta.is_dir() {
                     let file = comps.get(..existing).unwrap_or_default().join("/");
@@ -616,7 +657,10 @@ impl Sandbox {
                     cfs::create_dir_all(&next).map_err(|e| io_refusal(vpath, &e))?;
                     let meta = cfs::symlink_metadata(&next).map_err(|e| io_refusal(vpath, &e))?;
                     if !meta.is_dir() {
-                        return Err(refusal(vpath, "a folder on the way changed while it was being created; try again"));
+                        return Err(refusal(
+                            vpath,
+                            "a folder on the way changed while it was being created; try again",
+                        ));
                     }
                     dir = next;
                 }
@@ -681,7 +725,8 @@ impl Sandbox {
                 }
             }
         }
-        for entry in WalkDir::new(&self.output_root).follow_links(false).min_depth(1).max_depth(1).into_iter().flatten() {
+        for entry in WalkDir::new(&self.output_root).follow_links(false).min_depth(1).max_depth(1).into_iter().flatten()
+        {
             if !entry.file_type().is_dir() {
                 continue;
             }
@@ -699,17 +744,17 @@ impl Sandbox {
     fn missing_refusal(&self, vpath: &str, comps: &[String]) -> Refusal {
         let name = comps.last().map(|n| fold(n)).unwrap_or_default();
         let all = self.list_files(None).unwrap_or_default();
-        let similar: Vec<String> = all
-            .into_iter()
-            .filter(|p| p.rsplit('/').next().is_some_and(|n| fold(n) == name))
-            .take(5)
-            .collect();
+        let similar: Vec<String> =
+            all.into_iter().filter(|p| p.rsplit('/').next().is_some_and(|n| fold(n) == name)).take(5).collect();
         if similar.is_empty() {
             refusal(vpath, "no such file; call list_files to see the files you can read")
         } else {
             refusal(
                 vpath,
-                format!("no such file; did you mean {}? (list_files shows every file you can read)", quoted_list(&similar, 5)),
+                format!(
+                    "no such file; did you mean {}? (list_files shows every file you can read)",
+                    quoted_list(&similar, 5)
+                ),
             )
         }
     }
@@ -729,7 +774,10 @@ fn file_not_folder(vpath: &str) -> Refusal {
 
 /// An I/O failure, naming the virtual path but not the real one.
 fn io_refusal(vpath: &str, e: &FsError) -> Refusal {
-    refusal(vpath, format!("I/O error: failed to {}: {}; continue without this file or try another path", e.op, e.source))
+    refusal(
+        vpath,
+        format!("I/O error: failed to {}: {}; continue without this file or try another path", e.op, e.source),
+    )
 }
 
 fn is_missing(e: &io::Error) -> bool {
@@ -795,7 +843,9 @@ fn resolve(area: &Area<'_>, rest: &[String], vpath: &str) -> Result<Resolved, Re
                 Err(e) if is_missing(&e.source) => {
                     return Err(refusal(
                         vpath,
-                        format!("`{link}` is a symbolic link to something that does not exist; use a path that list_files shows"),
+                        format!(
+                            "`{link}` is a symbolic link to something that does not exist; use a path that list_files shows"
+                        ),
                     ));
                 }
                 Err(e) => return Err(io_refusal(vpath, &e)),
@@ -818,7 +868,13 @@ fn resolve(area: &Area<'_>, rest: &[String], vpath: &str) -> Result<Resolved, Re
 }
 
 /// Refuses when the real path `resolved` stands for, relative to its root, is protected.
-fn check_real_protected(area: &Area<'_>, resolved: &Resolved, vpath: &str, verb: &str, file: bool) -> Result<(), Refusal> {
+fn check_real_protected(
+    area: &Area<'_>,
+    resolved: &Resolved,
+    vpath: &str,
+    verb: &str,
+    file: bool,
+) -> Result<(), Refusal> {
     let mut rel = real_rel(area.root, &resolved.path);
     rel.extend(resolved.missing.iter().cloned());
     match protected_reason(&rel, file) {
@@ -869,7 +925,9 @@ fn normalize(path: &str) -> Result<Vec<String>, String> {
                 ));
             }
             _ if comp.contains(':') => {
-                return Err("contains `:`, which file names may not contain; use letters, digits, `-`, `_` and `.`".to_owned());
+                return Err(
+                    "contains `:`, which file names may not contain; use letters, digits, `-`, `_` and `.`".to_owned()
+                );
             }
             _ => comps.push(comp.to_owned()),
         }
@@ -948,7 +1006,7 @@ fn shown(path: &str) -> String {
 fn quoted_list(items: &[String], max: usize) -> String {
     let mut list: Vec<String> = items.iter().take(max).map(|i| format!("`{i}`")).collect();
     if items.len() > max {
-        list.push(format!("and {} more", items.len() - max));
+        list.push(format!("and {} more", items.len().saturating_sub(max)));
     }
     list.join(", ")
 }

@@ -53,7 +53,10 @@ fn build_creates_the_output_root_and_canonicalises_it() {
     assert!(f.out.join("deep/er").is_dir());
     assert_eq!(sandbox.output_root(), fs::canonicalize(f.out.join("deep/er")).unwrap());
     assert!(sandbox.written().is_empty());
-    assert_eq!(Limits::default(), Limits { max_read_bytes: 256 * 1024, max_write_bytes: 512 * 1024, max_files_per_step: 64 });
+    assert_eq!(
+        Limits::default(),
+        Limits { max_read_bytes: 256 * 1024, max_write_bytes: 512 * 1024, max_files_per_step: 64 }
+    );
 }
 
 #[test]
@@ -208,6 +211,18 @@ fn writes_to_folders_and_through_files_are_refused() {
     assert_mentions(&r, &["`gen/a.rs` is a file, not a folder"]);
     let r = refused(sandbox.write_file(".", "x"));
     assert_mentions(&r, &["root folder"]);
+}
+
+#[test]
+fn writes_may_not_nest_folders_without_end() {
+    let f = fixture();
+    let mut sandbox = Sandbox::builder(&f.out).build().unwrap();
+    let deep = format!("{}x.rs", "a/".repeat(40));
+    assert_mentions(&refused(sandbox.write_file(&deep, "x")), &["40 folders deep", "at most 32 folders deep"]);
+    let long = format!("{}.rs", "n".repeat(2000));
+    assert_mentions(&refused(sandbox.write_file(&long, "x")), &["2003 bytes long", "1024 bytes"]);
+    assert!(names(&f.out).is_empty());
+    sandbox.write_file(&format!("{}x.rs", "a/".repeat(32)), "x").unwrap();
 }
 
 #[test]
