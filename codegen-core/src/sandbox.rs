@@ -465,8 +465,8 @@ impl Sandbox {
     /// of those under the folder `dir` (`None`, `""` and `"."` mean everything). Protected
     /// paths, symbolic links that lead outside their root and names the model could not
     /// address are left out; symbolic links to folders are not followed (their files are
-    /// listed where they really are, if inside the root). A `dir` that is not a folder is refused, naming the top-level
-    /// folders that do exist.
+    /// listed where they really are, if inside the root). A `dir` that is not a folder is
+    /// refused, naming the top-level folders that do exist.
     pub fn list_files(&self, dir: Option<&str>) -> Result<Vec<String>, Refusal> {
         let comps = match dir {
             None => Vec::new(),
@@ -518,17 +518,15 @@ impl Sandbox {
         }
 
         if self.locate(&comps).mount.is_none() {
-            let area = self.output_area();
-            let resolved = resolve(&area, &comps, &vpath)?;
-            if resolved.missing.is_empty() {
-                check_real_protected(&area, &resolved, &vpath, "listed", false)?;
-                let meta = cfs::symlink_metadata(&resolved.path).map_err(|e| io_refusal(&vpath, &e))?;
-                if meta.is_dir() {
-                    self.walk(&area, &resolved.path, &comps, &mut out);
+            match self.output_folder(&comps, &vpath) {
+                Ok(Some(folder)) => {
+                    self.walk(&self.output_area(), &folder, &comps, &mut out);
                     found = true;
-                } else if !found {
-                    return Err(file_not_folder(&vpath));
                 }
+                Ok(None) => {}
+                // What the inputs hold is still worth showing.
+                Err(refusal) if !found => return Err(refusal),
+                Err(_) => {}
             }
         }
 
@@ -546,6 +544,22 @@ impl Sandbox {
             return Err(refusal(vpath, reason));
         }
         Ok(out.into_iter().collect())
+    }
+
+    /// The real folder `comps` names in the output root: None when it does not exist, a
+    /// refusal when it is not a folder or may not be listed.
+    fn output_folder(&self, comps: &[String], vpath: &str) -> Result<Option<PathBuf>, Refusal> {
+        let area = self.output_area();
+        let resolved = resolve(&area, comps, vpath)?;
+        if !resolved.missing.is_empty() {
+            return Ok(None);
+        }
+        check_real_protected(&area, &resolved, vpath, "listed", false)?;
+        let meta = cfs::symlink_metadata(&resolved.path).map_err(|e| io_refusal(vpath, &e))?;
+        if !meta.is_dir() {
+            return Err(file_not_folder(vpath));
+        }
+        Ok(Some(resolved.path))
     }
 
     /// Whether the output root holds a regular file at the user-declared relative `path`

@@ -377,9 +377,8 @@ pub(crate) fn classify_status(
     if lower.contains("does not support tools") {
         return BackendError::ToolsUnsupported { backend, model, server_message };
     }
-    if status == 404 && (lower.contains("not found") || code == "model_not_found") && lower.contains("model")
-        || code == "model_not_found"
-    {
+    let model_missing = status == 404 && lower.contains("model") && lower.contains("not found");
+    if model_missing || code == "model_not_found" {
         return BackendError::ModelNotFound { backend, url, model, server_message };
     }
     if status == 401 || status == 403 {

@@ -208,7 +208,7 @@ fn scan(text: &str, from: usize, to: usize, fences: bool, out: &mut Vec<Place>) 
                     "" => scan(text, fence.body.0, fence.body.1, false, out),
                     tag if JSON_FENCE_TAGS.contains(&tag) => {
                         let body = &text[fence.body.0..fence.body.1];
-                        let values = read_values(body, |_| false).map(|(values, _)| values);
+                        let values = read_values(body, 0, |_| false).map(|(values, _)| values);
                         out.push(Place::JsonFence { values, tag: fence.tag });
                     }
                     _ => {} // code in another language
@@ -331,13 +331,12 @@ fn read_tag(text: &str, start: usize, to: usize) -> (Result<Vec<Value>, JsonErro
     if region[lead..].starts_with("```") {
         offset = region[lead..].find('\n').map_or(region.len(), |p| lead + p + 1);
     }
-    let body = &region[offset..];
     let stop = |rest: &str| {
         rest.starts_with("```") || starts_with_ignore_case(rest, CLOSE_TAG) || starts_with_ignore_case(rest, OPEN_TAG)
     };
-    match read_values(body, stop) {
+    match read_values(region, offset, stop) {
         Ok((values, used)) => {
-            let mut p = start + offset + used;
+            let mut p = start + used;
             if text[p..to].starts_with("```") {
                 p += text[p..to].bytes().take_while(|&b| b == b'`').count();
                 p += text[p..to].len() - text[p..to].trim_start().len();
@@ -355,12 +354,12 @@ fn read_tag(text: &str, start: usize, to: usize) -> (Result<Vec<Value>, JsonErro
     }
 }
 
-/// Reads JSON values separated by whitespace or commas from the start of `block`, until its
-/// end or until `stop` accepts the rest. Returns the values and the offset where reading
-/// stopped (after any whitespace).
-fn read_values(block: &str, stop: impl Fn(&str) -> bool) -> Result<(Vec<Value>, usize), JsonError> {
+/// Reads JSON values separated by whitespace or commas from `block[from..]`, until its end or
+/// until `stop` accepts the rest. Returns the values and the offset where reading stopped
+/// (after any whitespace). Errors are positioned within `block`.
+fn read_values(block: &str, from: usize, stop: impl Fn(&str) -> bool) -> Result<(Vec<Value>, usize), JsonError> {
     let mut values = Vec::new();
-    let mut p = 0;
+    let mut p = from;
     loop {
         p += block[p..].len() - block[p..].trim_start_matches(|c: char| c.is_whitespace() || c == ',').len();
         if p >= block.len() || stop(&block[p..]) {
@@ -383,8 +382,14 @@ fn json_error(block: &str, value_start: usize, err: &serde_json::Error) -> JsonE
     let prefix = &block[..value_start];
     let lines_before = prefix.bytes().filter(|&b| b == b'\n').count();
     let line_start = prefix.rfind('\n').map_or(0, |p| p + 1);
-    let line = lines_before + err.line().max(1);
-    let column = if err.line() <= 1 { value_start - line_start + err.column() } else { err.column() };
+    let mut line = lines_before + err.line().max(1);
+    let mut column = if err.line() <= 1 { value_start - line_start + err.column() } else { err.column() };
+    if column == 0 && line > 1 {
+        // serde_json places an error on a raw line break at the start of the next line: point
+        // at the line break itself instead.
+        line -= 1;
+        column = block.split('\n').nth(line - 1).map_or(0, str::len) + 1;
+    }
     let text = err.to_string();
     let message = match text.rfind(" at line ") {
         Some(p) => text[..p].to_owned(),
@@ -1057,7 +1062,7 @@ mod tests {
         let text = "```json\n{\n  \"name\": \"write_file\",\n  \"arguments\": {\"path\": \"a.rs\" \"content\": \"x\"}\n}\n```";
         assert_eq!(
             malformed(text),
-            "the JSON in your ```json block is invalid at line 3 column 34: expected `,` or `}` \
+            "the JSON in your ```json block is invalid at line 3 column 32: expected `,` or `}` \
              (if the text there belongs to a string, a double quote inside a string must be escaped as \\\"); \
              the line reads `  \"arguments\": {\"path\": \"a.rs\" \"content\": \"x\"}`"
         );
@@ -1084,7 +1089,7 @@ mod tests {
         let message = malformed(text);
         assert!(
             message.starts_with(
-                "the JSON starting `{\"name\": \"write_file\", \"arguments\": {\"pa…` in your reply is invalid at line 1 column 79: control character"
+                "the JSON starting `{\"name\": \"write_file\", \"arguments\": {\"pa…` in your reply is invalid at line 1 column 77: control character"
             ),
             "{message}"
         );
@@ -1112,13 +1117,13 @@ mod tests {
         let message = malformed("<tool_call>\n{\"name\": \"read_file\", \"arguments\": {path: \"a.rs\"}}\n</tool_call>");
         assert_eq!(
             message,
-            "the JSON in your <tool_call> block is invalid at line 2 column 38: key must be a string \
+            "the JSON in your <tool_call> block is invalid at line 2 column 37: key must be a string \
              (every key needs double quotes, e.g. {\"path\": \"a.rs\"}); the line reads \
              `{\"name\": \"read_file\", \"arguments\": {path: \"a.rs\"}}`"
         );
         assert_eq!(
             malformed("<tool_call>read_file(a.rs)</tool_call>"),
-            "the JSON in your <tool_call> block is invalid at line 1 column 1: expected value; the line reads `read_file(a.rs)</tool_call>`"
+            "the JSON in your <tool_call> block is invalid at line 1 column 1: expected value; the line reads `read_file(a.rs)</too…`"
         );
         assert_eq!(
             malformed("<tool_call></tool_call>"),
