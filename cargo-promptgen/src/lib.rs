@@ -1,4 +1,19 @@
-//! Prompt chains from Cargo metadata, the lock and the build-script entry.
+//! Prompt chains declared in Cargo metadata, a committed lock, `cargo promptgen`, and the
+//! build-script entry.
 //!
-//! Not written yet: this crate is the subject of the cargo-promptgen issue. It exists so the
-//! workspace has the layout the design fixes; it offers nothing yet.
+//! (The tutorial is written below once the pieces are in place.)
+#![warn(missing_docs)]
+
+pub mod build_script;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod layout;
+pub mod lock;
+pub mod lock_file;
+pub mod plan;
+pub mod report;
+pub mod store;
+
+pub use build_script::{build, Builder};
+pub use error::Error;

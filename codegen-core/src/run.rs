@@ -124,6 +124,27 @@ pub fn run_prompt(
     Step::new(model, prompt).run(backend, &mut sandbox)
 }
 
+/// What the loop tells every model, ahead of the protocol's own instructions.
+const LOOP_INSTRUCTIONS: &str = "You work on a project through tools: read the files you need, write every file the \
+    task asks for with its complete content, and finish when you are done. Paths are relative and use forward slashes.";
+
+fn protocol_instructions(protocol: ToolProtocol) -> Option<String> {
+    match protocol {
+        ToolProtocol::Native => None,
+        ToolProtocol::Json => Some(text::json_protocol_instructions(&tools::tool_specs())),
+        ToolProtocol::Blocks => Some(blocks::blocks_protocol_instructions()),
+    }
+}
+
+/// Everything besides a step's own prompts that shapes what a model writes under `protocol`:
+/// the loop's instructions and the tool definitions. `cargo-promptgen` hashes it into each
+/// step's key, so that a change to this wording makes recorded steps stale.
+pub fn contract(protocol: ToolProtocol) -> String {
+    let specs = serde_json::to_string(&tools::tool_specs()).unwrap_or_default();
+    let protocol_text = protocol_instructions(protocol).unwrap_or_default();
+    format!("{LOOP_INSTRUCTIONS}\n\n{protocol_text}\n\n{specs}")
+}
+
 /// A step that completed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepOutput {
@@ -352,20 +373,11 @@ impl<'a> Run<'a> {
         if let Some(user) = &self.step.system_prompt {
             parts.push(user.trim_end().to_string());
         }
-        parts.push(
-            "You work on a project through tools: read the files you need, write every file the task \
-             asks for with its complete content, and finish when you are done. Paths are relative and \
-             use forward slashes."
-                .to_string(),
-        );
+        parts.push(LOOP_INSTRUCTIONS.to_string());
         if !self.step.outputs.is_empty() {
             parts.push(format!("This task must produce these files: {}.", self.step.outputs.join(", ")));
         }
-        match self.protocol {
-            ToolProtocol::Native => {}
-            ToolProtocol::Json => parts.push(text::json_protocol_instructions(&tools::tool_specs())),
-            ToolProtocol::Blocks => parts.push(blocks::blocks_protocol_instructions()),
-        }
+        parts.extend(protocol_instructions(self.protocol));
         parts.join("\n\n")
     }
 

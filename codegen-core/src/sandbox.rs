@@ -965,6 +965,15 @@ fn fold(comp: &str) -> String {
         .collect()
 }
 
+/// Whether a model may never read, list or write the file at `relative_path` (forward
+/// slashes), whatever root it lies under: `.env*`, `.git/`, `target/`, `*.pem`, `id_*`,
+/// `.cargo/credentials*`. Other tools that walk what a model can read (to hash it, say) use
+/// this to agree with the sandbox.
+pub fn is_protected(relative_path: &str) -> bool {
+    let comps: Vec<&str> = relative_path.split('/').filter(|c| !c.is_empty()).collect();
+    protected_reason(&comps, true).is_some()
+}
+
 /// Why the path `comps` is protected, or None. `last_is_file` applies the file-name rules
 /// (`*.pem`, `id_*`) to the last component.
 fn protected_reason<S: AsRef<str>>(comps: &[S], last_is_file: bool) -> Option<&'static str> {

@@ -224,15 +224,39 @@ fn scan(text: &str, from: usize, to: usize, fences: bool, out: &mut Vec<Place>) 
                 i = end;
             }
             b'<' if starts_with_ignore_case(&text[i..to], CLOSE_TAG) => i += CLOSE_TAG.len(),
-            b'{' => i = brace_span(text, i, to, fences, out),
-            b'[' if next_non_space(bytes, i + 1, to) == Some(b'{') => i = brace_span(text, i, to, fences, out),
+            b'{' | b'[' if may_start_json(bytes, i, to) => i = brace_span(text, i, to, fences, out),
             _ => i += 1,
         }
     }
 }
 
-fn next_non_space(bytes: &[u8], from: usize, to: usize) -> Option<u8> {
-    bytes[from.min(to)..to].iter().copied().find(|b| !b.is_ascii_whitespace())
+/// Whether the `{` or `[` at `i` may start a call object or an array of them: `{` followed by
+/// a key and a colon (the key quoted on one line, or a bare word so that unquoted keys get
+/// reported) or by `}`;
+/// `[` followed by such a `{`. This keeps braces in prose (`{x | x > 0}`, `"a { b"`, a Rust
+/// block) from starting a span that would swallow a real call after it.
+fn may_start_json(bytes: &[u8], i: usize, to: usize) -> bool {
+    let next = |from: usize| (from..to).find(|&j| !bytes[j].is_ascii_whitespace());
+    if bytes[i] == b'[' {
+        return next(i + 1).is_some_and(|j| bytes[j] == b'{' && may_start_json(bytes, j, to));
+    }
+    let Some(j) = next(i + 1) else { return false };
+    match bytes[j] {
+        b'}' => true,
+        // A quoted key: closed on the same line and followed by a colon.
+        quote @ (b'"' | b'\'') => {
+            let mut k = j + 1;
+            while k < to && bytes[k] != quote && bytes[k] != b'\n' {
+                k += if bytes[k] == b'\\' { 2 } else { 1 };
+            }
+            k < to && bytes[k] == quote && next(k + 1).is_some_and(|c| bytes[c] == b':')
+        }
+        b if b.is_ascii_alphabetic() || b == b'_' => {
+            let word_end = (j..to).find(|&k| !(bytes[k].is_ascii_alphanumeric() || bytes[k] == b'_')).unwrap_or(to);
+            next(word_end).is_some_and(|k| bytes[k] == b':')
+        }
+        _ => false,
+    }
 }
 
 fn starts_with_ignore_case(text: &str, prefix: &str) -> bool {
@@ -402,7 +426,7 @@ fn json_error(block: &str, value_start: usize, err: &serde_json::Error) -> JsonE
 /// A short quote of `line` around byte `column` (1-based), cut on character boundaries.
 fn quote_around(line: &str, column: usize) -> String {
     const BEFORE: usize = 40;
-    const AFTER: usize = 20;
+    const AFTER: usize = 30;
     let line = line.strip_suffix('\r').unwrap_or(line);
     let at = floor_boundary(line, column.saturating_sub(1));
     let from = floor_boundary(line, at.saturating_sub(BEFORE));
@@ -577,22 +601,31 @@ fn excerpt(text: &str) -> String {
 }
 
 /// Whether text that is not valid JSON looks like an attempt at a call: it has an arguments
-/// or wrapper key, or a name key whose value is one of our tools.
+/// or wrapper key, or a name key whose value is one of our tools. Keys and values may be in
+/// single quotes (a Python dict is a common mistake) and keys may be unquoted (JavaScript).
 fn looks_like_call(text: &str) -> bool {
-    let key_then_colon = |key: &str| {
-        let quoted = format!("\"{key}\"");
-        text.match_indices(&quoted).any(|(p, _)| text[p + quoted.len()..].trim_start().starts_with(':'))
+    // The text after each `"key":`, `'key':` or `key:` (the latter after `{` or `,`).
+    let after_key = |key: &'static str| {
+        text.match_indices(key).filter_map(move |(p, _)| {
+            let before = text[..p].chars().next_back();
+            let after = text[p + key.len()..].chars().next();
+            let rest = match (before, after) {
+                (Some(q @ ('"' | '\'')), Some(a)) if a == q => &text[p + key.len() + 1..],
+                _ if before.is_some_and(|c| c.is_alphanumeric() || c == '_') => return None,
+                _ if text[..p].trim_end().ends_with(['{', ',']) => &text[p + key.len()..],
+                _ => return None,
+            };
+            rest.trim_start().strip_prefix(':')
+        })
     };
-    if ["arguments", "parameters", "tool_call", "tool_calls"].into_iter().any(key_then_colon) {
+    if ["arguments", "parameters", "tool_call", "tool_calls"].into_iter().any(|key| after_key(key).next().is_some()) {
         return true;
     }
-    NAME_KEYS.iter().any(|key| {
-        let quoted = format!("\"{key}\"");
-        text.match_indices(&quoted).any(|(p, _)| {
-            let rest = text[p + quoted.len()..].trim_start();
-            let Some(value) = rest.strip_prefix(':') else { return false };
-            let Some(value) = value.trim_start().strip_prefix('"') else { return false };
-            TOOL_NAMES.iter().any(|tool| value.strip_prefix(tool).is_some_and(|r| r.starts_with('"')))
+    NAME_KEYS.into_iter().any(|key| {
+        after_key(key).any(|value| {
+            let value = value.trim_start();
+            let Some(q) = value.chars().next().filter(|c| matches!(c, '"' | '\'')) else { return false };
+            TOOL_NAMES.iter().any(|tool| value[1..].strip_prefix(tool).is_some_and(|r| r.starts_with(q)))
         })
     })
 }
@@ -1052,6 +1085,20 @@ mod tests {
     }
 
     #[test]
+    fn braces_and_quotes_in_prose_do_not_hide_a_call() {
+        let text = "The set {x | x > 0} and \"quoted { stuff\" then {\"name\": \"finish\", \"arguments\": {}}";
+        assert_eq!(found(text), vec![call("finish", json!({}))]);
+        let text = "fn main() {\n    let s = \"{\";\n}\n{\"tool\": \"list_files\"}";
+        assert_eq!(found(text), vec![call("list_files", json!({}))]);
+    }
+
+    #[test]
+    fn unquoted_keys_are_reported() {
+        let message = malformed("{tool: \"read_file\", arguments: {path: \"a.rs\"}}");
+        assert!(message.contains("invalid at line 1 column 2: key must be a string"), "{message}");
+    }
+
+    #[test]
     fn code_fences_are_skipped() {
         let text = format!("```rust\n{WRITE}\n```");
         assert_eq!(calls_in_text(&text), TextCalls::None);
@@ -1123,7 +1170,7 @@ mod tests {
         );
         assert_eq!(
             malformed("<tool_call>read_file(a.rs)</tool_call>"),
-            "the JSON in your <tool_call> block is invalid at line 1 column 1: expected value; the line reads `read_file(a.rs)</too…`"
+            "the JSON in your <tool_call> block is invalid at line 1 column 1: expected value; the line reads `read_file(a.rs)</tool_call>`"
         );
         assert_eq!(
             malformed("<tool_call></tool_call>"),
@@ -1173,6 +1220,14 @@ mod tests {
     fn mixed_array() {
         let message = malformed(&format!("[{WRITE}, 3]"));
         assert!(message.ends_with(&format!("item 2 of the JSON array is a number that is not a tool call; every item must be a call such as {CALL_EXAMPLE}")), "{message}");
+    }
+
+    #[test]
+    fn python_dicts_are_failed_attempts() {
+        let message = malformed("{'name': 'write_file', 'arguments': {'path': 'a.rs'}}");
+        assert!(message.contains("is invalid at line 1 column 2: key must be a string (every key needs double quotes"), "{message}");
+        assert!(message.contains("the line reads `{'name': 'write_file', 'argumen…`"), "{message}");
+        assert_eq!(calls_in_text("{'a': 1}"), TextCalls::None);
     }
 
     #[test]

@@ -1,0 +1,200 @@
+//! The build-script entry: materialise the chain's generated tree into `$OUT_DIR/promptgen/`.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{self, Chain, Overrides};
+use crate::error::Error;
+use crate::generate::{regenerate, Destination, Progress};
+use crate::layout::{target_dir_from_out_dir, Layout};
+use crate::plan::{plan, stale_steps, Records, StepState};
+use crate::store::{sync_dir, Files};
+use crate::lock_file::PackageLock;
+
+/// The subfolder of `OUT_DIR` that holds the generated tree.
+pub const OUT_SUBDIR: &str = "promptgen";
+
+/// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
+/// for `PROMPTGEN_OFFLINE`, any value at all for `CI`.
+pub const OFFLINE_VARS: &[&str] = &["PROMPTGEN_OFFLINE", "CI"];
+
+/// Configures and runs the build-script entry. [`build`] is the one-call form.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    manifest_dir: Option<PathBuf>,
+    out_dir: Option<PathBuf>,
+    target_dir: Option<PathBuf>,
+    offline: Option<bool>,
+    emit_cargo_directives: bool,
+}
+
+/// What a build did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildReport {
+    /// Where the generated tree is.
+    pub generated_dir: PathBuf,
+    /// Files written this time (unchanged ones are left alone).
+    pub files_written: usize,
+    /// Steps that ran in this build (their results wait in the pending area).
+    pub regenerated: Vec<String>,
+    /// Steps whose results come from the pending area.
+    pub pending: Vec<String>,
+}
+
+impl Builder {
+    /// A builder that reads everything from the environment Cargo gives a build script.
+    pub fn new() -> Builder {
+        Builder { emit_cargo_directives: true, ..Builder::default() }
+    }
+
+    /// The package root (default: `CARGO_MANIFEST_DIR`).
+    pub fn manifest_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Builder {
+        self.manifest_dir = Some(dir.into());
+        self
+    }
+
+    /// Where the generated tree goes, under `promptgen/` (default: `OUT_DIR`).
+    pub fn out_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Builder {
+        self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// Cargo's target folder, for the pending area and the file lock (default: found from
+    /// `OUT_DIR`).
+    pub fn target_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Builder {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// Forbids (or allows) model calls, whatever `PROMPTGEN_OFFLINE` and `CI` say.
+    pub fn offline(&mut self, offline: bool) -> &mut Builder {
+        self.offline = Some(offline);
+        self
+    }
+
+    /// Whether to print `cargo:` directives (on by default; off for use outside build scripts).
+    pub fn emit_cargo_directives(&mut self, emit: bool) -> &mut Builder {
+        self.emit_cargo_directives = emit;
+        self
+    }
+
+    /// Materialises the generated tree, regenerating stale steps when allowed.
+    pub fn run(&self) -> Result<BuildReport, Error> {
+        let manifest_dir = match &self.manifest_dir {
+            Some(dir) => dir.clone(),
+            None => env_path("CARGO_MANIFEST_DIR")?,
+        };
+        let out_dir = match &self.out_dir {
+            Some(dir) => dir.clone(),
+            None => env_path("OUT_DIR")?,
+        };
+        let chain = config::load_from_env(&manifest_dir.join("Cargo.toml"), &Overrides::default())?;
+        if self.emit_cargo_directives {
+            emit_rerun_directives(&chain);
+        }
+        let target_dir = match &self.target_dir {
+            Some(dir) => dir.clone(),
+            None => target_dir_from_out_dir(&out_dir).unwrap_or_else(|| out_dir.join("promptgen-target")),
+        };
+        let layout = Layout::new(&chain.package_dir, &chain.package_name, &target_dir);
+        let _guard = PackageLock::acquire(&layout)?;
+
+        let records = Records::read(&layout)?;
+        let assessed = plan(&chain, &records)?;
+        let stale = stale_steps(&assessed);
+        let (tree, regenerated, pending) = if stale.is_empty() {
+            let mut tree = Files::new();
+            for step in &assessed {
+                tree.extend(step.files.clone());
+            }
+            let pending: Vec<String> =
+                assessed.iter().filter(|a| a.state == StepState::Pending).map(|a| a.id.clone()).collect();
+            (tree, Vec::new(), pending)
+        } else {
+            if let Some(reason) = self.offline_reason() {
+                return Err(Error::Stale { package: chain.package_name.clone(), steps: stale, reason });
+            }
+            let mut show = |p: Progress| {
+                if let Progress::StepStarted { id, .. } = p {
+                    eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
+                }
+            };
+            let result = regenerate(&chain, &layout, &[], Destination::Pending, &mut show)?;
+            let pending = result
+                .steps
+                .iter()
+                .filter(|(_, state)| *state == StepState::Pending)
+                .map(|(entry, _)| entry.id.clone())
+                .collect();
+            (result.tree, result.regenerated, pending)
+        };
+
+        let generated_dir = out_dir.join(OUT_SUBDIR);
+        let files_written = sync_dir(&generated_dir, &tree)?;
+        if self.emit_cargo_directives && !pending.is_empty() {
+            let list: Vec<&str> = pending.iter().map(String::as_str).collect();
+            let verb = if regenerated.is_empty() { "come from" } else { "were regenerated by this build into" };
+            println!(
+                "cargo:warning=promptgen: steps {} of {} {verb} the pending area, not the lock; review them with `cargo promptgen diff -p {}` and record them with `cargo promptgen accept -p {}`",
+                list.join(", "),
+                chain.package_name,
+                chain.package_name,
+                chain.package_name,
+            );
+        }
+        Ok(BuildReport { generated_dir, files_written, regenerated, pending })
+    }
+
+    fn offline_reason(&self) -> Option<String> {
+        match self.offline {
+            Some(true) => return Some("this build is offline".into()),
+            Some(false) => return None,
+            None => {}
+        }
+        let var = |name: &str| std::env::var(name).ok();
+        if let Some(value) = var("PROMPTGEN_OFFLINE") {
+            let value = value.trim();
+            if !value.is_empty() && value != "0" && !value.eq_ignore_ascii_case("false") {
+                return Some("PROMPTGEN_OFFLINE is set, so the build may not call a model".into());
+            }
+        }
+        if var("CI").is_some() {
+            return Some("CI is set, so the build may not call a model (CI builds only from the committed lock)".into());
+        }
+        None
+    }
+}
+
+/// The one-call build-script entry: `fn main() -> Result<(), cargo_promptgen::Error> { cargo_promptgen::build() }`.
+pub fn build() -> Result<(), Error> {
+    Builder::new().run().map(|_| ())
+}
+
+fn env_path(name: &'static str) -> Result<PathBuf, Error> {
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .ok_or(Error::Env { name, hint: "call cargo_promptgen::build() from a build script, or set the path on the Builder" })
+}
+
+/// Tells Cargo to run the build script again when anything that can change the tree changes.
+fn emit_rerun_directives(chain: &Chain) {
+    let mut paths: Vec<&Path> = vec![&chain.manifest_path];
+    let lock = chain.package_dir.join(crate::lock::LOCK_FILE);
+    let store = chain.package_dir.join(crate::layout::STORE_DIR);
+    paths.push(&lock);
+    paths.push(&store);
+    for step in &chain.steps {
+        paths.push(&step.prompt);
+        paths.extend(step.system_prompt.as_deref());
+        paths.extend(step.script.as_deref());
+        paths.extend(step.inputs.iter().map(|i| i.real_path.as_path()));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for path in paths {
+        if seen.insert(path) {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
+    for var in config::ENV_VARS.iter().chain(OFFLINE_VARS) {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+}

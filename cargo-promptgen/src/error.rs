@@ -1,0 +1,132 @@
+//! The library's one error type: every variant names the file, step or variable at fault
+//! and, where there is one, the command that fixes it.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use codegen_core::backend::BackendError;
+use codegen_core::fs::FsError;
+use codegen_core::sandbox::SandboxError;
+
+use crate::config::ConfigError;
+
+/// Why a chain could not be checked, run, accepted or built.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file operation failed.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The `[package.metadata.promptgen]` declaration is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `promptgen.lock` cannot be read.
+    #[error("the lock `{}` is damaged: {detail}\nRestore it from version control (`git checkout -- promptgen.lock`), or record every step again with `cargo promptgen --force`.", path.display())]
+    DamagedLock {
+        /// The lock file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// Steps must be regenerated and this build may not call a model.
+    #[error("{}", stale_message(package, steps, reason))]
+    Stale {
+        /// The package.
+        package: String,
+        /// Each stale step and what changed in it.
+        steps: Vec<StaleStep>,
+        /// Why no model may be called (`PROMPTGEN_OFFLINE=1`, `CI`, `--offline`).
+        reason: String,
+    },
+    /// A step failed; nothing was recorded for it.
+    #[error("step `{id}` failed: {source}\nThe lock, the stored outputs and the build's previous outputs are unchanged.")]
+    Step {
+        /// The step.
+        id: String,
+        /// What went wrong, with the step's transcript.
+        #[source]
+        source: codegen_core::StepFailure,
+    },
+    /// The backend could not be opened.
+    #[error("step `{id}`: {source}")]
+    Backend {
+        /// The step.
+        id: String,
+        /// Why.
+        #[source]
+        source: BackendError,
+    },
+    /// The sandbox for a step could not be set up.
+    #[error("step `{id}`: {source}")]
+    Sandbox {
+        /// The step.
+        id: String,
+        /// Why.
+        #[source]
+        source: SandboxError,
+    },
+    /// `--step` named a step the chain does not have.
+    #[error("there is no step `{id}` in {package}; its steps are: {}", known.join(", "))]
+    UnknownStep {
+        /// The id asked for.
+        id: String,
+        /// The package.
+        package: String,
+        /// The ids it has.
+        known: Vec<String>,
+    },
+    /// A stored file does not match the lock.
+    #[error("stored file `{}` does not match promptgen.lock ({detail})", path.display())]
+    DamagedStore {
+        /// The file.
+        path: PathBuf,
+        /// Missing, or which hash it has.
+        detail: String,
+    },
+    /// The build script's environment lacks something Cargo always sets.
+    #[error("environment variable {name} is not set: {hint}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// What to do.
+        hint: &'static str,
+    },
+}
+
+/// Shown as the error's message, so that `fn main() -> Result<(), Error>` in a build script
+/// prints the readable text rather than a struct dump.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)?;
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            write!(f, "\ncaused by: {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+/// A step that must run again, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleStep {
+    /// The step.
+    pub id: String,
+    /// What changed, one item per change.
+    pub reasons: Vec<String>,
+}
+
+fn stale_message(package: &str, steps: &[StaleStep], reason: &str) -> String {
+    let mut text = format!(
+        "{} step{} of {package} must be regenerated, and {reason}:\n",
+        steps.len(),
+        if steps.len() == 1 { "" } else { "s" }
+    );
+    for step in steps {
+        text.push_str(&format!("  step {}: {}\n", step.id, step.reasons.join("; ")));
+    }
+    text.push_str(&format!(
+        "Run `cargo promptgen -p {package}` where a model is reachable, review the new outputs under promptgen/, and commit them with promptgen.lock."
+    ));
+    text
+}

@@ -1,0 +1,270 @@
+//! Running steps: each in a scratch copy of the tree the steps before it produced, then
+//! recording the result, one step at a time.
+
+use std::time::{Duration, Instant};
+
+use codegen_core::sandbox::Sandbox;
+use codegen_core::transcript::{Event, Volatility};
+
+use crate::config::{Chain, StepConfig};
+use crate::error::Error;
+use crate::layout::Layout;
+use crate::lock::{sha256_hex, Lock, LockedFile, LockedStep};
+use crate::plan::{assess, Assessed, Previous, Records, StepState};
+use crate::store::{sync_dir, Files};
+
+/// Where regenerated steps are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// The committed lock and store (`cargo promptgen`).
+    Committed,
+    /// The pending area (a build script, which must not write the package).
+    Pending,
+}
+
+/// What a running chain reports, for progress displays.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// A step starts running.
+    StepStarted {
+        /// The step.
+        id: String,
+        /// Why it runs.
+        reasons: Vec<String>,
+    },
+    /// A model call of the running step returned.
+    ModelCall {
+        /// The step.
+        id: String,
+        /// The call's number within the step.
+        number: u32,
+        /// Tokens so far in this step (prompt + completion).
+        tokens: u64,
+        /// Time since the step started.
+        elapsed: Duration,
+    },
+    /// A step finished and was recorded.
+    StepDone {
+        /// The step.
+        id: String,
+        /// Its lock entry.
+        entry: LockedStep,
+        /// Notes from the loop (e.g. a protocol fallback).
+        notes: Vec<String>,
+        /// Wall time.
+        elapsed: Duration,
+    },
+}
+
+/// The chain after a run: every step's record and the tree they produce together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainResult {
+    /// Each step's usable record, in order.
+    pub steps: Vec<(LockedStep, StepState)>,
+    /// Steps that ran in this call.
+    pub regenerated: Vec<String>,
+    /// The tree after the last step.
+    pub tree: Files,
+}
+
+/// Brings every step of the chain up to date: fresh and pending steps are taken as
+/// recorded; stale steps (and those in `forced`) run, and are recorded at `destination`
+/// one by one as each succeeds. A failing step stops the chain; steps recorded before it
+/// stay recorded, and nothing of the failing step is.
+pub fn regenerate(
+    chain: &Chain,
+    layout: &Layout,
+    forced: &[String],
+    destination: Destination,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<ChainResult, Error> {
+    let mut records = Records::read(layout)?;
+    let order: Vec<String> = chain.steps.iter().map(|s| s.id.clone()).collect();
+    let (target_lock_path, target_store) = match destination {
+        Destination::Committed => (layout.lock_path(), layout.store()),
+        Destination::Pending => (layout.pending_lock_path(), layout.pending_store()),
+    };
+    // The lock being written: the committed one, or the pending one seeded from it.
+    let mut target_lock = match destination {
+        Destination::Committed => records.lock.clone(),
+        Destination::Pending => records.pending.clone().unwrap_or_else(|| records.lock.clone()),
+    };
+    let mut result = ChainResult { steps: Vec::new(), regenerated: Vec::new(), tree: Files::new() };
+    for step in &chain.steps {
+        let previous = match result.steps.last() {
+            None => Previous::First,
+            Some((entry, _)) => Previous::Recorded(entry),
+        };
+        let force = forced.iter().any(|id| id == &step.id);
+        let assessed = assess(chain, step, previous, &records, force)?;
+        let (entry, files, state) = match assessed.state.clone() {
+            StepState::Stale(reasons) => {
+                progress(Progress::StepStarted { id: step.id.clone(), reasons: reasons.clone() });
+                let started = Instant::now();
+                let ran = run_step(chain, layout, step, &assessed, &result.tree, progress)?;
+                target_store.save(&step.id, &ran.files, &ran.transcript)?;
+                target_lock.upsert(ran.entry.clone(), &order);
+                target_lock.write(&target_lock_path)?;
+                result.regenerated.push(step.id.clone());
+                progress(Progress::StepDone {
+                    id: step.id.clone(),
+                    entry: ran.entry.clone(),
+                    notes: ran.notes,
+                    elapsed: started.elapsed(),
+                });
+                let state = match destination {
+                    Destination::Committed => StepState::Fresh,
+                    Destination::Pending => StepState::Pending,
+                };
+                (ran.entry, ran.files, state)
+            }
+            state => {
+                let entry = assessed.entry.clone().expect("a usable step has its entry");
+                if destination == Destination::Pending && state == StepState::Fresh {
+                    // Keep the pending lock whole: it is accepted as one.
+                    target_lock.upsert(entry.clone(), &order);
+                }
+                (entry, assessed.files.clone(), state)
+            }
+        };
+        for (path, bytes) in &files {
+            result.tree.insert(path.clone(), bytes.clone());
+        }
+        result.steps.push((entry, state));
+        // Later steps see this step's results when they are assessed.
+        if destination == Destination::Pending {
+            records.pending = Some(target_lock.clone());
+        } else {
+            records.lock = target_lock.clone();
+        }
+    }
+    if destination == Destination::Pending && !result.regenerated.is_empty() {
+        target_lock.steps.retain(|s| order.contains(&s.id));
+        target_lock.write(&target_lock_path)?;
+    }
+    Ok(result)
+}
+
+struct Ran {
+    entry: LockedStep,
+    files: Files,
+    transcript: String,
+    notes: Vec<String>,
+}
+
+/// Runs one step in a scratch copy of `tree`; nothing outside the scratch folder changes.
+fn run_step(
+    chain: &Chain,
+    layout: &Layout,
+    step: &StepConfig,
+    assessed: &Assessed,
+    tree: &Files,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Ran, Error> {
+    let work = layout.work_dir();
+    codegen_core::fs::create_dir_all(&work)?;
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("{}-", step.id))
+        .tempdir_in(&work)
+        .map_err(|e| codegen_core::fs::FsError { op: "create a scratch folder in", path: work.clone(), source: e })?;
+    let output_root = scratch.path().join("tree");
+    sync_dir(&output_root, tree)?;
+
+    let mut builder = Sandbox::builder(&output_root);
+    for input in &step.inputs {
+        builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
+    }
+    let mut sandbox = builder.build().map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
+    let mut backend = chain
+        .backend_config(step)
+        .open()
+        .map_err(|source| Error::Backend { id: step.id.clone(), source })?;
+
+    let prompt = codegen_core::fs::read_to_string(&step.prompt)?;
+    let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
+    core_step.max_steps(step.max_steps).protocol(step.protocol);
+    if let Some(path) = &step.system_prompt {
+        core_step.system_prompt(codegen_core::fs::read_to_string(path)?);
+    }
+    if let Some(seed) = step.seed {
+        core_step.seed(seed);
+    }
+    if let Some(temperature) = step.temperature {
+        core_step.temperature(temperature);
+    }
+    for output in &step.outputs {
+        core_step.expect_output(output.clone());
+    }
+
+    let started = Instant::now();
+    let mut tokens = 0;
+    let mut observer = |event: &Event| {
+        if let Event::ModelCall { number, usage, .. } = event {
+            tokens += usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
+            progress(Progress::ModelCall { id: step.id.clone(), number: *number, tokens, elapsed: started.elapsed() });
+        }
+    };
+    let output = core_step
+        .run_observed(backend.as_mut(), &mut sandbox, &mut observer)
+        .map_err(|source| Error::Step { id: step.id.clone(), source })?;
+
+    let mut files = Files::new();
+    for path in &output.written {
+        let bytes = codegen_core::fs::read(&output_root.join(path))?;
+        files.insert(path.clone(), bytes);
+    }
+    let totals = output.transcript.totals();
+    let entry = LockedStep {
+        id: step.id.clone(),
+        key: assessed.fingerprint.key(),
+        model_calls: totals.model_calls,
+        prompt_tokens: totals.prompt_tokens,
+        completion_tokens: totals.completion_tokens,
+        repairs: totals.repairs,
+        fingerprint: assessed.fingerprint.clone(),
+        files: files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect(),
+    };
+    Ok(Ran { entry, files, transcript: output.transcript.to_jsonl(Volatility::Omit), notes: output.notes })
+}
+
+/// What `accept` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcceptReport {
+    /// Steps recorded from the pending area.
+    pub accepted: Vec<String>,
+    /// Pending steps that no longer match their declaration, discarded.
+    pub outdated: Vec<String>,
+}
+
+/// Records the pending results in the committed lock and store, without calling a model.
+/// Only pending steps that are still current are accepted; the pending area is then removed.
+pub fn accept(chain: &Chain, layout: &Layout) -> Result<AcceptReport, Error> {
+    let records = Records::read(layout)?;
+    let Some(pending) = &records.pending else { return Ok(AcceptReport::default()) };
+    let plan = crate::plan::plan(chain, &records)?;
+    let order: Vec<String> = chain.steps.iter().map(|s| s.id.clone()).collect();
+    let mut lock: Lock = records.lock.clone();
+    let mut report = AcceptReport::default();
+    for assessed in &plan {
+        if assessed.state == StepState::Pending {
+            let entry = assessed.entry.clone().expect("a pending step has its entry");
+            records.pending_store.copy_step(&assessed.id, &assessed.files, &records.store)?;
+            lock.upsert(entry, &order);
+            lock.write(&layout.lock_path())?;
+            report.accepted.push(assessed.id.clone());
+        } else if matches!(assessed.state, StepState::Stale(_)) && pending.step(&assessed.id).is_some() {
+            report.outdated.push(assessed.id.clone());
+        }
+    }
+    discard_pending(layout)?;
+    Ok(report)
+}
+
+/// Removes the pending area of the package.
+pub fn discard_pending(layout: &Layout) -> Result<(), Error> {
+    let dir = layout.pending_dir();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| codegen_core::fs::FsError { op: "remove", path: dir, source: e })?;
+    }
+    Ok(())
+}

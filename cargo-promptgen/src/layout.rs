@@ -1,0 +1,108 @@
+//! Where everything lives.
+//!
+//! ```text
+//! <package>/
+//! ├── Cargo.toml                 [package.metadata.promptgen]: the chain
+//! ├── promptgen.lock             committed: each step's fingerprint, key and file hashes
+//! └── promptgen/                 committed: what each step wrote (not a dot-folder, so
+//!     ├── 01/view.rs             `cargo package` and vendoring keep it)
+//!     ├── 01.transcript.jsonl    the step's conversation, without volatile fields
+//!     └── ...
+//! <target>/promptgen/
+//! ├── <package>.lock             file lock: one process at a time per package
+//! ├── pending/<package>/         results a build generated and nobody accepted yet,
+//! │   ├── promptgen.lock         laid out like the package (lock + store)
+//! │   └── promptgen/...
+//! └── work/<package>/            scratch trees of running steps
+//! $OUT_DIR/promptgen/            the generated tree the crate compiles
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::lock::LOCK_FILE;
+
+/// The store's folder name inside the package.
+pub const STORE_DIR: &str = "promptgen";
+
+/// The paths of one package's lock, store and work areas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The package's root.
+    pub package_dir: PathBuf,
+    /// `<target>/promptgen`.
+    pub target_area: PathBuf,
+    /// The package's name, used to keep packages apart in the target area.
+    pub package_name: String,
+}
+
+impl Layout {
+    /// The layout of the package in `package_dir`, with cargo's target folder `target_dir`.
+    pub fn new(package_dir: &Path, package_name: &str, target_dir: &Path) -> Layout {
+        Layout {
+            package_dir: package_dir.to_owned(),
+            target_area: target_dir.join("promptgen"),
+            package_name: package_name.to_owned(),
+        }
+    }
+
+    /// The committed lock.
+    pub fn lock_path(&self) -> PathBuf {
+        self.package_dir.join(LOCK_FILE)
+    }
+
+    /// The committed store.
+    pub fn store(&self) -> Store {
+        Store { root: self.package_dir.join(STORE_DIR) }
+    }
+
+    /// The pending area's root (laid out like a package: lock and store).
+    pub fn pending_dir(&self) -> PathBuf {
+        self.target_area.join("pending").join(&self.package_name)
+    }
+
+    /// The pending lock.
+    pub fn pending_lock_path(&self) -> PathBuf {
+        self.pending_dir().join(LOCK_FILE)
+    }
+
+    /// The pending store.
+    pub fn pending_store(&self) -> Store {
+        Store { root: self.pending_dir().join(STORE_DIR) }
+    }
+
+    /// Where running steps keep their scratch trees.
+    pub fn work_dir(&self) -> PathBuf {
+        self.target_area.join("work").join(&self.package_name)
+    }
+
+    /// The file two processes lock to take turns on this package.
+    pub fn lock_file(&self) -> PathBuf {
+        self.target_area.join(format!("{}.lock", self.package_name))
+    }
+}
+
+/// A folder of step outputs: `<root>/<id>/<files>` and `<root>/<id>.transcript.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Store {
+    /// The folder.
+    pub root: PathBuf,
+}
+
+impl Store {
+    /// The folder of step `id`'s files.
+    pub fn step_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// The transcript of step `id`.
+    pub fn transcript_path(&self, id: &str) -> PathBuf {
+        self.root.join(format!("{id}.transcript.jsonl"))
+    }
+}
+
+/// Cargo's target folder, found from a build script's `OUT_DIR`
+/// (`<target>/[<triple>/]<profile>/build/<pkg>-<hash>/out`): the nearest ancestor holding
+/// the `CACHEDIR.TAG` that cargo writes at the target root.
+pub fn target_dir_from_out_dir(out_dir: &Path) -> Option<PathBuf> {
+    out_dir.ancestors().skip(1).find(|dir| dir.join("CACHEDIR.TAG").is_file()).map(Path::to_path_buf)
+}

@@ -1,0 +1,31 @@
+//! One process at a time per package: builds and the subcommand take turns on a file lock.
+
+use std::fs::File;
+
+use codegen_core::fs::{self, FsError};
+
+use crate::error::Error;
+use crate::layout::Layout;
+
+/// Held while a process reads or writes a package's lock, store or pending area; released
+/// when dropped (and by the OS if the process dies).
+#[derive(Debug)]
+pub struct PackageLock {
+    _file: File,
+}
+
+impl PackageLock {
+    /// Waits until no other process holds the package's lock, then takes it.
+    pub fn acquire(layout: &Layout) -> Result<PackageLock, Error> {
+        fs::create_dir_all(&layout.target_area)?;
+        let path = layout.lock_file();
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| FsError { op: "open", path: path.clone(), source: e })?;
+        file.lock().map_err(|e| FsError { op: "lock", path, source: e })?;
+        Ok(PackageLock { _file: file })
+    }
+}

@@ -1,0 +1,365 @@
+//! `cargo promptgen`: run, check, inspect and accept a package's prompt chain.
+//!
+//! Exit codes: 0 success, 1 failure or stale steps, 2 usage error.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use cargo_promptgen::config::{self, Chain, Overrides};
+use cargo_promptgen::generate::{self, Destination, Progress};
+use cargo_promptgen::layout::Layout;
+use cargo_promptgen::lock_file::PackageLock;
+use cargo_promptgen::report;
+use clap::{Args, Parser, Subcommand};
+
+/// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
+#[derive(Parser, Debug)]
+#[command(name = "cargo promptgen", bin_name = "cargo promptgen", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Options of `run`, which is what `cargo promptgen` alone does.
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Regenerate stale steps (or the ones named) and record them in the lock and store.
+    Run(RunArgs),
+    /// Exit 0 when every step is fresh in the lock, 1 otherwise; never calls a model.
+    Check(Selection),
+    /// A table of the steps: fresh or stale, files, model, calls, tokens.
+    Status(Selection),
+    /// Record the results that builds left in the pending area, without calling a model.
+    Accept(Selection),
+    /// Unified diff from the recorded outputs to the pending ones.
+    Diff {
+        #[command(flatten)]
+        selection: Selection,
+        /// Only this step.
+        #[arg(long, value_name = "ID")]
+        step: Option<String>,
+    },
+}
+
+#[derive(Args, Debug, Default, Clone)]
+struct Selection {
+    /// Path to the package's Cargo.toml.
+    #[arg(long, value_name = "PATH", global = true)]
+    manifest_path: Option<PathBuf>,
+    /// The package to work on (default: the one in the current directory).
+    #[arg(short = 'p', long, value_name = "SPEC", global = true)]
+    package: Option<String>,
+}
+
+#[derive(Args, Debug, Default, Clone)]
+struct RunArgs {
+    #[command(flatten)]
+    selection: Selection,
+    /// Regenerate this step even if it is fresh (repeatable); later steps follow if its output changes.
+    #[arg(long = "step", value_name = "ID")]
+    steps: Vec<String>,
+    /// Regenerate every step.
+    #[arg(long)]
+    force: bool,
+    /// Call no model: fail if any step is stale.
+    #[arg(long)]
+    offline: bool,
+    /// Backend for this run (beats PROMPTGEN_BACKEND and the metadata).
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+    /// Model for this run (beats PROMPTGEN_MODEL and the metadata).
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// Server URL for this run (beats PROMPTGEN_BASE_URL and the metadata).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+}
+
+fn main() -> ExitCode {
+    // Cargo runs `cargo-promptgen promptgen <args>`; run by hand, the word is absent.
+    let mut args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("promptgen") {
+        args.remove(1);
+    }
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        None => run(cli.run),
+        Some(Command::Run(args)) => run(args),
+        Some(Command::Check(selection)) => check(&selection),
+        Some(Command::Status(selection)) => status(&selection),
+        Some(Command::Accept(selection)) => accept(&selection),
+        Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
+    }
+}
+
+struct Package {
+    chain: Chain,
+    layout: Layout,
+}
+
+fn open(selection: &Selection, overrides: &Overrides) -> anyhow::Result<Package> {
+    let metadata = cargo_metadata(selection.manifest_path.as_deref())?;
+    let manifest = select_package(&metadata, selection)?;
+    let chain = config::load_from_env(&manifest, overrides)?;
+    let target = metadata["target_directory"].as_str().context("`cargo metadata` gave no target_directory")?;
+    let layout = Layout::new(&chain.package_dir, &chain.package_name, Path::new(target));
+    Ok(Package { chain, layout })
+}
+
+fn cargo_metadata(manifest_path: Option<&Path>) -> anyhow::Result<serde_json::Value> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command.args(["metadata", "--format-version", "1", "--no-deps", "--offline"]);
+    if let Some(path) = manifest_path {
+        command.arg("--manifest-path").arg(path);
+    }
+    let output = command.output().context("could not run `cargo metadata`")?;
+    if !output.status.success() {
+        bail!("`cargo metadata` failed:\n{}", String::from_utf8_lossy(&output.stderr).trim());
+    }
+    serde_json::from_slice(&output.stdout).context("`cargo metadata` printed something that is not JSON")
+}
+
+/// The manifest of the package to work on: `-p`, else `--manifest-path`, else the package
+/// whose folder holds the current directory, else the only package with a chain.
+fn select_package(metadata: &serde_json::Value, selection: &Selection) -> anyhow::Result<PathBuf> {
+    let packages: Vec<(&str, PathBuf, bool)> = metadata["packages"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|p| {
+                    let has_chain = p["metadata"]["promptgen"].is_object();
+                    Some((p["name"].as_str()?, PathBuf::from(p["manifest_path"].as_str()?), has_chain))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(spec) = &selection.package {
+        let name = spec.split('@').next().unwrap_or(spec);
+        return packages.iter().find(|(n, _, _)| *n == name).map(|(_, m, _)| m.clone()).with_context(|| {
+            let names: Vec<&str> = packages.iter().map(|(n, _, _)| *n).collect();
+            format!("no package `{name}` in this workspace; its packages are: {}", names.join(", "))
+        });
+    }
+    if let Some(path) = &selection.manifest_path {
+        let wanted = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+        if let Some((_, manifest, _)) = packages.iter().find(|(_, m, _)| *m == wanted) {
+            return Ok(manifest.clone());
+        }
+    }
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let nearest = packages
+        .iter()
+        .filter(|(_, m, _)| m.parent().is_some_and(|dir| cwd.starts_with(dir)))
+        .max_by_key(|(_, m, _)| m.as_os_str().len());
+    if let Some((_, manifest, _)) = nearest {
+        return Ok(manifest.clone());
+    }
+    let with_chain: Vec<&(&str, PathBuf, bool)> = packages.iter().filter(|(_, _, c)| *c).collect();
+    match with_chain.as_slice() {
+        [(_, manifest, _)] => Ok(manifest.clone()),
+        [] => bail!("no package in this workspace declares [package.metadata.promptgen]"),
+        many => {
+            let names: Vec<&str> = many.iter().map(|(n, _, _)| *n).collect();
+            bail!("several packages declare a prompt chain ({}); choose one with -p", names.join(", "))
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let overrides = Overrides { backend: args.backend.clone(), model: args.model.clone(), base_url: args.base_url.clone() };
+    let Package { chain, layout } = open(&args.selection, &overrides)?;
+    for id in &args.steps {
+        if chain.step(id).is_none() {
+            return Err(cargo_promptgen::Error::UnknownStep {
+                id: id.clone(),
+                package: chain.package_name.clone(),
+                known: chain.steps.iter().map(|s| s.id.clone()).collect(),
+            }
+            .into());
+        }
+    }
+    let forced: Vec<String> = if args.force { chain.steps.iter().map(|s| s.id.clone()).collect() } else { args.steps };
+    let _guard = PackageLock::acquire(&layout)?;
+    if args.offline {
+        let report = report::check(&chain, &layout)?;
+        if !report.stale.is_empty() || !forced.is_empty() {
+            let steps = if forced.is_empty() { report.stale } else { Vec::new() };
+            if steps.is_empty() {
+                bail!("--offline forbids model calls, and --step/--force ask for them");
+            }
+            return Err(cargo_promptgen::Error::Stale {
+                package: chain.package_name.clone(),
+                steps,
+                reason: "--offline forbids model calls".into(),
+            }
+            .into());
+        }
+        eprintln!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let started = Instant::now();
+    let mut stderr = std::io::stderr();
+    let mut show = |p: Progress| {
+        let line = match p {
+            Progress::StepStarted { id, reasons } => format!("step {id}: running ({})", reasons.join("; ")),
+            Progress::ModelCall { id, number, tokens, elapsed } => {
+                format!("step {id}: model call {number}, {tokens} tokens so far, {:.1}s", elapsed.as_secs_f64())
+            }
+            Progress::StepDone { id, entry, notes, elapsed } => {
+                let mut line = format!(
+                    "step {id}: done in {:.1}s, {} files, {} model calls",
+                    elapsed.as_secs_f64(),
+                    entry.files.len(),
+                    entry.model_calls
+                );
+                for note in notes {
+                    line.push_str(&format!("\n  note: {note}"));
+                }
+                line
+            }
+        };
+        let _ = writeln!(stderr, "{line}");
+    };
+    let result = generate::regenerate(&chain, &layout, &forced, Destination::Committed, &mut show);
+    let result = result?;
+    generate::discard_pending(&layout)?;
+    eprintln!();
+    print_status(&chain, &layout)?;
+    eprintln!(
+        "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
+        result.regenerated.len(),
+        chain.steps.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = PackageLock::acquire(&layout)?;
+    let report = report::check(&chain, &layout)?;
+    for path in &report.unowned {
+        println!("warning: promptgen/{path} belongs to no step in promptgen.lock; delete it if it is a leftover");
+    }
+    if report.stale.is_empty() {
+        println!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{} of {} steps of {} are stale:", report.stale.len(), chain.steps.len(), chain.package_name);
+    for step in &report.stale {
+        println!("  step {}: {}", step.id, step.reasons.join("; "));
+    }
+    if !report.pending.is_empty() {
+        println!(
+            "Steps {} have results from a build waiting: `cargo promptgen accept -p {}` records them.",
+            report.pending.join(", "),
+            chain.package_name
+        );
+    } else {
+        println!("Run `cargo promptgen -p {}` to regenerate them.", chain.package_name);
+    }
+    Ok(ExitCode::from(1))
+}
+
+fn status(selection: &Selection) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = PackageLock::acquire(&layout)?;
+    print_status(&chain, &layout)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
+    let rows = report::status(chain, layout)?;
+    let header = ["step", "prompt", "state", "files", "model", "calls", "tokens", "repairs"];
+    let cells: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+            [
+                r.id.clone(),
+                r.prompt.clone(),
+                r.state.to_string(),
+                r.files.to_string(),
+                r.model.clone(),
+                opt(r.model_calls.map(|v| v.to_string())),
+                opt(r.tokens.map(|v| v.to_string())),
+                opt(r.repairs.map(|v| v.to_string())),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |row: &[String]| {
+        row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+    };
+    println!("{}", line(&header.map(String::from)));
+    for row in &cells {
+        println!("{}", line(row));
+    }
+    for row in rows.iter().filter(|r| !r.reasons.is_empty()) {
+        println!("step {} is stale: {}", row.id, row.reasons.join("; "));
+    }
+    Ok(())
+}
+
+fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = PackageLock::acquire(&layout)?;
+    let report = generate::accept(&chain, &layout)?;
+    if report.accepted.is_empty() && report.outdated.is_empty() {
+        println!("Nothing to accept: no build left results for {}.", chain.package_name);
+    }
+    if !report.accepted.is_empty() {
+        println!("Recorded steps {} in promptgen.lock.", report.accepted.join(", "));
+    }
+    if !report.outdated.is_empty() {
+        println!(
+            "Discarded pending results of steps {}: their prompts or inputs changed since the build made them.",
+            report.outdated.join(", ")
+        );
+    }
+    let check = report::check(&chain, &layout)?;
+    if check.stale.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ids: Vec<&str> = check.stale.iter().map(|s| s.id.as_str()).collect();
+    println!("Still stale: {}; run `cargo promptgen -p {}`.", ids.join(", "), chain.package_name);
+    Ok(ExitCode::from(1))
+}
+
+fn diff(selection: &Selection, step: Option<&str>) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = PackageLock::acquire(&layout)?;
+    let text = report::diff(&chain, &layout, step)?;
+    if text.is_empty() {
+        eprintln!("No pending results differ from the recorded ones.");
+    }
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}

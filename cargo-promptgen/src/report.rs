@@ -1,0 +1,142 @@
+//! What `check`, `status` and `diff` tell: computed here, printed by the binary.
+
+use crate::config::Chain;
+use crate::error::{Error, StaleStep};
+use crate::layout::Layout;
+use crate::plan::{plan, stale_steps, Records, StepState};
+use crate::store::Files;
+
+/// The result of `cargo promptgen check`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckReport {
+    /// Steps that must run again, and why.
+    pub stale: Vec<StaleStep>,
+    /// Steps whose results wait in the pending area.
+    pub pending: Vec<String>,
+    /// Stored files or folders that no step owns.
+    pub unowned: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether the committed lock and store are complete and current.
+    pub fn is_fresh(&self) -> bool {
+        self.stale.is_empty() && self.pending.is_empty()
+    }
+}
+
+/// Checks the chain against the lock and the store, without calling any model.
+pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
+    let mut records = Records::read(layout)?;
+    // `check` judges what is committed: pending results count as not recorded yet.
+    let pending_ids: Vec<String> = records.pending.take().map(|p| p.steps.into_iter().map(|s| s.id).collect()).unwrap_or_default();
+    let assessed = plan(chain, &records)?;
+    let stale = stale_steps(&assessed);
+    let pending = stale.iter().filter(|s| pending_ids.contains(&s.id)).map(|s| s.id.clone()).collect();
+    let unowned = records.store.unowned(&records.lock);
+    Ok(CheckReport { stale, pending, unowned })
+}
+
+/// One line of `cargo promptgen status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusRow {
+    /// The step's id.
+    pub id: String,
+    /// Its prompt, as the manifest names it.
+    pub prompt: String,
+    /// `fresh`, `pending` or `stale`.
+    pub state: &'static str,
+    /// Why it is stale.
+    pub reasons: Vec<String>,
+    /// Files it produced (as recorded).
+    pub files: usize,
+    /// The model it was recorded with, or is configured with when not recorded.
+    pub model: String,
+    /// Model calls of the recorded run.
+    pub model_calls: Option<u32>,
+    /// Prompt plus completion tokens of the recorded run.
+    pub tokens: Option<u64>,
+    /// Repair turns of the recorded run.
+    pub repairs: Option<u32>,
+}
+
+/// The status of every step.
+pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
+    let records = Records::read(layout)?;
+    let assessed = plan(chain, &records)?;
+    Ok(chain
+        .steps
+        .iter()
+        .zip(&assessed)
+        .map(|(step, a)| {
+            let recorded = a.entry.as_ref().or_else(|| records.lock.step(&step.id));
+            let (state, reasons) = match &a.state {
+                StepState::Fresh => ("fresh", Vec::new()),
+                StepState::Pending => ("pending", Vec::new()),
+                StepState::Stale(reasons) => ("stale", reasons.clone()),
+            };
+            StatusRow {
+                id: step.id.clone(),
+                prompt: step.prompt_display.clone(),
+                state,
+                reasons,
+                files: recorded.map_or(0, |e| e.files.len()),
+                model: recorded.map_or_else(|| step.model.clone(), |e| e.fingerprint.model.clone()),
+                model_calls: recorded.map(|e| e.model_calls),
+                tokens: recorded.map(|e| e.prompt_tokens + e.completion_tokens),
+                repairs: recorded.map(|e| e.repairs),
+            }
+        })
+        .collect())
+}
+
+/// A unified diff from the committed outputs to the pending ones, for every step with
+/// pending results (or only `step`). Empty when nothing is pending.
+pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String, Error> {
+    if let Some(id) = step {
+        if chain.step(id).is_none() {
+            return Err(Error::UnknownStep {
+                id: id.to_string(),
+                package: chain.package_name.clone(),
+                known: chain.steps.iter().map(|s| s.id.clone()).collect(),
+            });
+        }
+    }
+    let records = Records::read(layout)?;
+    let Some(pending) = &records.pending else { return Ok(String::new()) };
+    let mut out = String::new();
+    for config in chain.steps.iter().filter(|s| step.is_none_or(|id| id == s.id)) {
+        let Some(new_entry) = pending.step(&config.id) else { continue };
+        let committed = records.lock.step(&config.id);
+        if committed.is_some_and(|c| c.key == new_entry.key && c.files == new_entry.files) {
+            continue;
+        }
+        let new_files = match records.pending_store.load(new_entry) {
+            Ok(files) => files,
+            // A fresh step copied into the pending lock has no files of its own there.
+            Err(Error::DamagedStore { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let old_files = match committed {
+            Some(entry) => records.store.load(entry).unwrap_or_default(),
+            None => Files::new(),
+        };
+        let mut paths: Vec<&String> = old_files.keys().chain(new_files.keys()).collect();
+        paths.sort();
+        paths.dedup();
+        for path in paths {
+            let old = old_files.get(path).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+            let new = new_files.get(path).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+            if old == new {
+                continue;
+            }
+            let name = format!("promptgen/{}/{path}", config.id);
+            let text = similar::TextDiff::from_lines(&old, &new)
+                .unified_diff()
+                .context_radius(3)
+                .header(&format!("a/{name}"), &format!("b/{name}"))
+                .to_string();
+            out.push_str(&text);
+        }
+    }
+    Ok(out)
+}
