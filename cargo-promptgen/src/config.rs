@@ -338,13 +338,13 @@ pub enum ConfigError {
         key: String,
     },
     /// A key that means nothing here (often a typo).
-    #[error("`{}`: unknown key `{key}`{hint}. Known keys here: {known}.", file.display())]
+    #[error("`{}`: unknown key `{key}`{hint} Known keys here: {known}.", file.display())]
     UnknownKey {
         /// The manifest.
         file: PathBuf,
         /// The full key.
         key: String,
-        /// `; did you mean ...?` or another hint, or empty.
+        /// `; did you mean `x`?`, another hint ending in its punctuation, or `.`.
         hint: String,
         /// The keys accepted at that level, comma-separated.
         known: String,
@@ -396,7 +396,7 @@ pub enum ConfigError {
         first_key: String,
     },
     /// A file the declaration names does not exist.
-    #[error("`{}`: `{key}` = {value:?}: the {what} `{}` does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
+    #[error("`{}`: `{key}` = {value:?}: the {what}, `{}`, does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
     FileNotFound {
         /// The manifest.
         file: PathBuf,
@@ -438,7 +438,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// No layer names a model for some steps.
-    #[error("`{}`: `{key}` is missing and steps {} set no `model` of their own: set `model` in `[package.metadata.promptgen]` (e.g. model = \"qwen2.5-coder:7b\"), in each step, in `[workspace.metadata.promptgen]`, or with PROMPTGEN_MODEL or --model.", file.display(), list_ids(steps))]
+    #[error("`{}`: `{key}` is missing and {} no `model` of {}: set `model` in `[package.metadata.promptgen]` (e.g. model = \"qwen2.5-coder:7b\"), in each step, in `[workspace.metadata.promptgen]`, or with PROMPTGEN_MODEL or --model.", file.display(), steps_without_model(steps), if steps.len() == 1 { "its own" } else { "their own" })]
     MissingModel {
         /// The package manifest.
         file: PathBuf,
@@ -485,8 +485,10 @@ pub enum ConfigError {
     },
 }
 
-fn list_ids(ids: &[String]) -> String {
-    ids.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ")
+/// `step `02` sets` or `steps `02`, `03` set`.
+fn steps_without_model(ids: &[String]) -> String {
+    let list = ids.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ");
+    if ids.len() == 1 { format!("step {list} sets") } else { format!("steps {list} set") }
 }
 
 impl ConfigError {
@@ -901,17 +903,17 @@ fn check_keys(
         let step_only = ["id", "prompt", "outputs", "inputs", "script"];
         let chain_only = ["backend", "base_url", "num_ctx", "request_timeout_secs", "steps"];
         let hint = if name == "api_key" {
-            "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment".to_string()
+            "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment.".to_string()
         } else if level != Level::Step && step_only.contains(&name.as_str()) {
-            format!("; `{name}` belongs to a step: put it under `[[package.metadata.promptgen.steps]]`")
+            format!("; `{name}` belongs to a step: put it under `[[package.metadata.promptgen.steps]]`.")
         } else if level == Level::Step && chain_only.contains(&name.as_str()) {
-            format!("; `{name}` applies to the whole chain: set it in `[package.metadata.promptgen]`")
+            format!("; `{name}` applies to the whole chain: set it in `[package.metadata.promptgen]`.")
         } else if level == Level::Workspace && name == "steps" {
-            "; steps are declared by each package, in `[[package.metadata.promptgen.steps]]`".to_string()
+            "; steps are declared by each package, in `[[package.metadata.promptgen.steps]]`.".to_string()
         } else {
             match closest(name, known) {
                 Some(candidate) => format!("; did you mean `{candidate}`?"),
-                None => String::new(),
+                None => ".".to_string(),
             }
         };
         return Err(ConfigError::UnknownKey {

@@ -101,8 +101,34 @@ impl Store {
 }
 
 /// Cargo's target folder, found from a build script's `OUT_DIR`
-/// (`<target>/[<triple>/]<profile>/build/<pkg>-<hash>/out`): the nearest ancestor holding
-/// the `CACHEDIR.TAG` that cargo writes at the target root.
+/// (`<target>/[<triple>/]<profile>/build/<pkg>-<hash>/out`): the nearest ancestor above the
+/// profile folder that holds one of the files cargo keeps at the target root
+/// (`.rustc_info.json`, `CACHEDIR.TAG`).
 pub fn target_dir_from_out_dir(out_dir: &Path) -> Option<PathBuf> {
-    out_dir.ancestors().skip(1).find(|dir| dir.join("CACHEDIR.TAG").is_file()).map(Path::to_path_buf)
+    out_dir
+        .ancestors()
+        .skip(4)
+        .find(|dir| dir.join(".rustc_info.json").is_file() || dir.join("CACHEDIR.TAG").is_file())
+        .map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_folder_is_the_nearest_root_above_the_profile_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let outer = dir.path().join("target");
+        let inner = outer.join("nested-target");
+        for root in [&outer, &inner] {
+            std::fs::create_dir_all(root).unwrap();
+            std::fs::write(root.join(".rustc_info.json"), "{}").unwrap();
+        }
+        let out = inner.join("debug/build/pkg-0123/out");
+        assert_eq!(target_dir_from_out_dir(&out), Some(inner.clone()));
+        let cross = inner.join("x86_64-unknown-linux-gnu/release/build/pkg-0123/out");
+        assert_eq!(target_dir_from_out_dir(&cross), Some(inner));
+        assert_eq!(target_dir_from_out_dir(Path::new("/nowhere/debug/build/p/out")), None);
+    }
 }

@@ -771,3 +771,30 @@ fn an_invalid_backend_variable_or_flag_is_named() {
     assert!(matches!(err, ConfigError::Flag { .. }), "{err:?}");
     assert_mentions(&err, &["--backend", "\"Ollama\"", "\"ollama\", \"openai\", \"scripted\""]);
 }
+
+#[test]
+fn zz_print_messages() {
+    let fx = Fixture::new();
+    let texts = [
+        "[package.metadata.promptgen]\nmodel = \n".to_string(),
+        "".to_string(),
+        one_step("model = \"m\"\nmax_step = 3", ""),
+        one_step("model = \"m\"\nseed = \"x\"", ""),
+        one_step("model = \"m\"\nbackend = \"x\"", ""),
+        one_step("model = \"m\"\ntemperature = 3", ""),
+        one_step("model = \"m\"", "outputs = [\"../a\"]"),
+        one_step("model = \"m\"", "inputs = [\"nope\"]"),
+        "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"../prompts\"\n".to_string(),
+        "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n".to_string(),
+        "[package.metadata.promptgen]\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"../prompts/01.md\"\n".to_string(),
+        one_step("model = \"m\"\nbackend = \"scripted\"", ""),
+        "[package.metadata.promptgen]\nmodel = \"m\"\n".to_string(),
+    ];
+    for t in texts {
+        let m = fx.package(&t);
+        println!("{}\n---", load_err(&m, &Overrides::default(), NONE));
+    }
+    let m = fx.package(&one_step("model = \"m\"", ""));
+    println!("{}\n---", load_err(&m, &Overrides::default(), &[("PROMPTGEN_BACKEND", "x")]));
+    println!("{}\n---", load_err(&m, &flags(Some("x"), None, None), NONE));
+}

@@ -370,7 +370,10 @@ fn read_tag(text: &str, start: usize, to: usize) -> (Result<Vec<Value>, JsonErro
             }
             (Ok(values), p)
         }
-        Err(err) => {
+        Err(mut err) => {
+            if let Some(p) = err.near.find(CLOSE_TAG) {
+                err.near.truncate(p);
+            }
             // Resume after the closing tag, if any, so the rest of the text is not misread.
             let end = find_ignore_case(region, CLOSE_TAG).map_or(to, |p| start + p + CLOSE_TAG.len());
             (Err(err), end)
@@ -401,42 +404,57 @@ fn read_values(block: &str, from: usize, stop: impl Fn(&str) -> bool) -> Result<
     }
 }
 
-/// Positions `err` (raised parsing `block[value_start..]`) within `block`.
+/// Positions `err` (raised parsing `block[value_start..]`) within `block`: its line, and its
+/// column counted in characters, both from 1.
+///
+/// The work is proportional to the distance from the start of `block` to the error, which the
+/// parser has read anyway, never to the length of the rest of `block`.
 fn json_error(block: &str, value_start: usize, err: &serde_json::Error) -> JsonError {
-    let prefix = &block[..value_start];
-    let lines_before = prefix.bytes().filter(|&b| b == b'\n').count();
-    let line_start = prefix.rfind('\n').map_or(0, |p| p + 1);
-    let mut line = lines_before + err.line().max(1);
-    let mut column = if err.line() <= 1 { value_start - line_start + err.column() } else { err.column() };
-    if column == 0 && line > 1 {
-        // serde_json places an error on a raw line break at the start of the next line: point
-        // at the line break itself instead.
-        line -= 1;
-        column = block.split('\n').nth(line - 1).map_or(0, str::len) + 1;
+    let bytes = block.as_bytes();
+    // serde_json counts lines from `value_start`, and columns in bytes; its column is the
+    // offending byte's position from 1 (0 when the offending byte is the line break ending
+    // the previous line, as for a raw line break inside a string).
+    let mut err_line_start = value_start;
+    if err.line() > 1 {
+        let mut breaks = 0;
+        for (i, &b) in bytes[value_start..].iter().enumerate() {
+            if b == b'\n' {
+                breaks += 1;
+                if breaks == err.line() - 1 {
+                    err_line_start = value_start + i + 1;
+                    break;
+                }
+            }
+        }
     }
+    let offset = floor_boundary(block, (err_line_start + err.column()).saturating_sub(1));
+    let before = &block[..offset];
+    let line = 1 + before.bytes().filter(|&b| b == b'\n').count();
+    let line_start = before.rfind('\n').map_or(0, |p| p + 1);
+    let column = block[line_start..offset].chars().count() + 1;
+
     let text = err.to_string();
     let message = match text.rfind(" at line ") {
         Some(p) => text[..p].to_owned(),
         None => text,
     };
-    let near = block.split('\n').nth(line - 1).map(|l| quote_around(l, column)).unwrap_or_default();
-    JsonError { line, column, message, eof: err.is_eof(), near }
+    JsonError { line, column, message, eof: err.is_eof(), near: quote_around(block, line_start, offset) }
 }
 
-/// A short quote of `line` around byte `column` (1-based), cut on character boundaries.
-fn quote_around(line: &str, column: usize) -> String {
+/// A short quote of the line of `text` that starts at `line_start`, around byte `offset`, cut
+/// on character boundaries.
+fn quote_around(text: &str, line_start: usize, offset: usize) -> String {
     const BEFORE: usize = 40;
     const AFTER: usize = 30;
-    let line = line.strip_suffix('\r').unwrap_or(line);
-    let at = floor_boundary(line, column.saturating_sub(1));
-    let from = floor_boundary(line, at.saturating_sub(BEFORE));
-    let until = floor_boundary(line, at.saturating_add(AFTER));
+    let from = floor_boundary(text, offset.saturating_sub(BEFORE).max(line_start));
+    let window_end = floor_boundary(text, offset.saturating_add(AFTER));
+    let until = text[offset..window_end].find('\n').map_or(window_end, |p| offset + p);
     let mut quote = String::new();
-    if from > 0 {
+    if from > line_start {
         quote.push('…');
     }
-    quote.push_str(&line[from..until]);
-    if until < line.len() {
+    quote.push_str(text[from..until].trim_end_matches('\r'));
+    if until == window_end && until < text.len() && text.as_bytes()[until] != b'\n' {
         quote.push('…');
     }
     quote
@@ -1170,7 +1188,7 @@ mod tests {
         );
         assert_eq!(
             malformed("<tool_call>read_file(a.rs)</tool_call>"),
-            "the JSON in your <tool_call> block is invalid at line 1 column 1: expected value; the line reads `read_file(a.rs)</tool_call>`"
+            "the JSON in your <tool_call> block is invalid at line 1 column 1: expected value; the line reads `read_file(a.rs)`"
         );
         assert_eq!(
             malformed("<tool_call></tool_call>"),
@@ -1257,7 +1275,9 @@ mod tests {
     fn non_ascii_near_errors() {
         let text = "```json\n{\"name\": \"write_file\", \"arguments\": {\"content\": \"ééééééééééééééééééééééééééééééééééééééééééé\" \"x\"}}\n```";
         let message = malformed(text);
-        assert!(message.contains("expected `,` or `}`"), "{message}");
+        // Columns count characters, and the quote is cut on character boundaries.
+        assert!(message.contains("is invalid at line 1 column 95: expected `,` or `}`"), "{message}");
+        assert!(message.ends_with("the line reads `…ééééééééééééééééééé\" \"x\"}}`"), "{message}");
     }
 
     #[test]

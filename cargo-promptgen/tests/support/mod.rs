@@ -1,0 +1,115 @@
+//! Throwaway packages and a way to run the real `cargo-promptgen` binary and `cargo` on them.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A package in a temporary folder, outside the workspace, with a prompt chain.
+pub struct Package {
+    pub dir: tempfile::TempDir,
+    pub name: String,
+}
+
+impl Package {
+    /// A package named `pg-e2e-<unique>` whose build script calls cargo-promptgen and whose
+    /// `main` includes the generated files `files` (in this order) and runs `main_body`.
+    pub fn new(metadata: &str, files: &[&str], main_body: &str) -> Package {
+        let dir = tempfile::Builder::new().prefix("pg-e2e-").tempdir().unwrap();
+        let name = format!("pg-e2e-{}", fastish_id());
+        let promptgen = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = format!(
+            r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2021"
+publish = false
+
+[build-dependencies]
+cargo-promptgen = {{ path = "{}", default-features = false }}
+
+[workspace]
+
+{metadata}
+"#,
+            promptgen.display()
+        );
+        std::fs::write(dir.path().join("Cargo.toml"), manifest).unwrap();
+        std::fs::write(
+            dir.path().join("build.rs"),
+            "fn main() -> Result<(), cargo_promptgen::Error> {\n    cargo_promptgen::build()\n}\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("src")).unwrap();
+        let includes: String = files
+            .iter()
+            .map(|f| format!("include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/{f}\"));\n"))
+            .collect();
+        std::fs::write(dir.path().join("src/main.rs"), format!("{includes}\nfn main() {{\n    {main_body}\n}}\n")).unwrap();
+        Package { dir, name }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn write(&self, rel: &str, text: &str) {
+        let path = self.path(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    }
+
+    /// `cargo promptgen <args>` as cargo runs it, from the package folder.
+    pub fn promptgen(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cargo-promptgen"));
+        command.arg("promptgen").args(args).current_dir(self.dir.path());
+        clean_env(&mut command);
+        command
+    }
+
+    /// `cargo <args>` in the package folder, with a target folder shared by these tests.
+    pub fn cargo(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO"));
+        command.args(args).current_dir(self.dir.path());
+        clean_env(&mut command);
+        command
+    }
+}
+
+/// The environment a user's shell would have: none of the variables that switch promptgen
+/// to offline mode or point it elsewhere, and one target folder for every throwaway package
+/// so their dependencies compile once.
+fn clean_env(command: &mut Command) {
+    for var in ["CI", "PROMPTGEN_OFFLINE", "PROMPTGEN_BACKEND", "PROMPTGEN_MODEL", "PROMPTGEN_BASE_URL", "OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY"] {
+        command.env_remove(var);
+    }
+    command.env("CARGO_TARGET_DIR", shared_target());
+}
+
+pub fn shared_target() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-packages")
+}
+
+pub fn run(command: &mut Command) -> Output {
+    let output = command.output().unwrap();
+    output
+}
+
+pub fn text(output: &Output) -> String {
+    format!(
+        "status: {}\n--- stdout\n{}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn fastish_id() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{}-{nanos}", std::process::id())
+}
