@@ -151,7 +151,7 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// The origin as a phrase, naming the step for [`Origin::Step`]: `step `01``,
+    /// The origin as a phrase, naming the step for [`Origin::Step`]: ``step `01` ``,
     /// `PROMPTGEN_MODEL`, `package metadata`, ...
     pub fn describe(&self, step_id: &str) -> String {
         match self {
@@ -235,7 +235,8 @@ impl Chain {
         }
     }
 
-    /// `backend `ollama` (from PROMPTGEN_BACKEND)`, or `(default)` when nothing chose it.
+    /// ``backend `ollama` (from PROMPTGEN_BACKEND)``, or ``backend `ollama` (default)`` when nothing
+    /// chose it.
     pub fn describe_backend(&self) -> String {
         format!("backend `{}` {}", self.backend, from_phrase(self.backend_origin, ""))
     }
@@ -274,7 +275,7 @@ pub struct StepConfig {
 }
 
 impl StepConfig {
-    /// `model `x` (from PROMPTGEN_MODEL)`, `model `x` (from step `01`)`, ...
+    /// ``model `x` (from PROMPTGEN_MODEL)``, ``model `x` (from step `01`)``, ...
     pub fn describe_model(&self) -> String {
         format!("model `{}` {}", self.model, from_phrase(self.model_origin, &self.id))
     }
@@ -344,7 +345,7 @@ pub enum ConfigError {
         file: PathBuf,
         /// The full key.
         key: String,
-        /// `; did you mean `x`?`, another hint ending in its punctuation, or `.`.
+        /// ``; did you mean `x`?``, another hint ending in its punctuation, or `.`.
         hint: String,
         /// The keys accepted at that level, comma-separated.
         known: String,
@@ -396,19 +397,17 @@ pub enum ConfigError {
         first_key: String,
     },
     /// A file the declaration names does not exist.
-    #[error("`{}`: `{key}` = {value:?}: the {what}, `{}`, does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
+    #[error("`{}`: `{key}`: the {what}, `{}`, does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
     FileNotFound {
         /// The manifest.
         file: PathBuf,
         /// The full key.
         key: String,
-        /// The path as written.
-        value: String,
         /// The path it resolved to.
         path: PathBuf,
         /// The folder it is relative to.
         relative_to: PathBuf,
-        /// What the file is for (`prompt of step `01``).
+        /// What the file is for (``prompt of step `01` ``).
         what: String,
     },
     /// A path that must be a file is something else (a folder).
@@ -456,7 +455,7 @@ pub enum ConfigError {
         key: String,
         /// The step's id.
         step: String,
-        /// `backend `scripted` (from ...)`.
+        /// ``backend `scripted` (from ...)``.
         backend: String,
     },
     /// An environment variable has a value that cannot be used.
@@ -485,7 +484,7 @@ pub enum ConfigError {
     },
 }
 
-/// `step `02` sets` or `steps `02`, `03` set`.
+/// ``step `02` sets`` or ``steps `02`, `03` set``.
 fn steps_without_model(ids: &[String]) -> String {
     let list = ids.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ");
     if ids.len() == 1 { format!("step {list} sets") } else { format!("steps {list} set") }
@@ -580,8 +579,7 @@ pub fn load(
         Some(other) => return Err(wrong_type(file, "package.metadata", "a table", other)),
     };
 
-    let package_layer =
-        Layer::parse(meta, file, PACKAGE_PREFIX, CHAIN_KEYS, &package_dir, Level::Package)?;
+    let package_layer = Layer::parse(meta, file, PACKAGE_PREFIX, CHAIN_KEYS, &package_dir, Level::Package)?;
     let raw_steps = parse_steps(meta, file, &package_dir)?;
 
     let workspace = find_workspace(&doc, file, &package_dir)?;
@@ -593,14 +591,9 @@ pub fn load(
                 None => None,
                 Some(Value::Table(metadata)) => match metadata.get("promptgen") {
                     None => None,
-                    Some(Value::Table(table)) => Some(Layer::parse(
-                        table,
-                        ws_file,
-                        WORKSPACE_PREFIX,
-                        WORKSPACE_KEYS,
-                        root,
-                        Level::Workspace,
-                    )?),
+                    Some(Value::Table(table)) => {
+                        Some(Layer::parse(table, ws_file, WORKSPACE_PREFIX, WORKSPACE_KEYS, root, Level::Workspace)?)
+                    }
                     Some(other) => return Err(wrong_type(ws_file, WORKSPACE_PREFIX, "a table", other)),
                 },
                 Some(other) => return Err(wrong_type(ws_file, "workspace.metadata", "a table", other)),
@@ -688,7 +681,10 @@ pub fn load(
             });
         }
         steps.push(StepConfig {
-            system_prompt: raw.system_prompt.clone().or_else(|| pick(&layers, |l| l.system_prompt.clone()).map(|(p, _)| p)),
+            system_prompt: raw
+                .system_prompt
+                .clone()
+                .or_else(|| pick(&layers, |l| l.system_prompt.clone()).map(|(p, _)| p)),
             seed: raw.seed.or_else(|| pick(&layers, |l| l.seed).map(|(v, _)| v)),
             temperature: raw.temperature.or_else(|| pick(&layers, |l| l.temperature).map(|(v, _)| v)),
             max_steps: raw
@@ -1083,7 +1079,6 @@ impl Reader<'_> {
             Err(_) => Err(ConfigError::FileNotFound {
                 file: self.file.into(),
                 key: self.key(name),
-                value: written.into(),
                 path,
                 relative_to: base.into(),
                 what: what.into(),
@@ -1143,12 +1138,13 @@ impl Reader<'_> {
             let is_dir = match std::fs::metadata(&real_path) {
                 Ok(meta) if meta.is_dir() => true,
                 Ok(meta) if meta.is_file() => false,
-                Ok(_) => return Err(bad(format!("names `{}`, which is neither a file nor a folder", real_path.display()))),
+                Ok(_) => {
+                    return Err(bad(format!("names `{}`, which is neither a file nor a folder", real_path.display())));
+                }
                 Err(_) => {
                     return Err(ConfigError::FileNotFound {
                         file: self.file.into(),
                         key: self.key(&name),
-                        value: written.clone(),
                         path: real_path,
                         relative_to: package_dir.into(),
                         what: format!("input of step `{step_id}`"),
@@ -1156,7 +1152,9 @@ impl Reader<'_> {
                 }
             };
             if inputs.iter().any(|i| i.virtual_path == virtual_path) {
-                return Err(bad(format!("is seen by the model as `{virtual_path}`, like an earlier input of the step; list each input once")));
+                return Err(bad(format!(
+                    "is seen by the model as `{virtual_path}`, like an earlier input of the step; list each input once"
+                )));
             }
             inputs.push(Input { virtual_path, real_path, is_dir });
         }
@@ -1259,7 +1257,8 @@ fn absolute(path: &Path) -> PathBuf {
 
 fn read_manifest(file: &Path) -> Result<Table, ConfigError> {
     let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.into(), source })?;
-    text.parse::<Table>().map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string().trim_end().to_string() })
+    text.parse::<Table>()
+        .map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string().trim_end().to_string() })
 }
 
 /// The workspace root, its manifest, and its parsed text (`None`: the package's own manifest).

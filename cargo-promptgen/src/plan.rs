@@ -217,6 +217,9 @@ pub fn protocol_name(protocol: codegen_core::ToolProtocol) -> &'static str {
 /// What differs between a recorded fingerprint and the current one, in words.
 pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> Vec<String> {
     let mut reasons = Vec::new();
+    if recorded.model != now.model {
+        reasons.push(format!("model changed: `{}` -> {}", recorded.model, step.describe_model()));
+    }
     let mut setting = |name: &str, before: String, after: String| {
         if before != after {
             reasons.push(format!("{name} changed: {before} -> {after}"));
@@ -224,9 +227,6 @@ pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> 
     };
     let show = |v: Option<String>| v.unwrap_or_else(|| "(none)".into());
     setting("backend", recorded.backend.clone(), now.backend.clone());
-    if recorded.model != now.model {
-        setting("model", recorded.model.clone(), format!("{} (from {})", now.model, step.model_origin));
-    }
     setting("protocol", recorded.protocol.clone(), now.protocol.clone());
     setting("seed", show(recorded.seed.map(|s| s.to_string())), show(now.seed.map(|s| s.to_string())));
     setting(

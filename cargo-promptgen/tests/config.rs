@@ -181,19 +181,13 @@ fn model_precedence_flag_env_step_package_workspace() {
     let manifest = fx.package(&steps.replace("{chain}", ""));
     let chain = load(&manifest, &Overrides::default(), NONE);
     let models = |c: &Chain| c.steps.iter().map(|s| (s.model.clone(), s.model_origin)).collect::<Vec<_>>();
-    assert_eq!(
-        models(&chain),
-        [("step-model".to_string(), Origin::Step), ("ws-model".to_string(), Origin::Workspace)]
-    );
+    assert_eq!(models(&chain), [("step-model".to_string(), Origin::Step), ("ws-model".to_string(), Origin::Workspace)]);
     assert_eq!(chain.steps[0].describe_model(), "model `step-model` (from step `01`)");
     assert_eq!(Origin::Step.describe("01"), "step `01`");
 
     let manifest = fx.package(&steps.replace("{chain}", "model = \"pkg-model\""));
     let chain = load(&manifest, &Overrides::default(), NONE);
-    assert_eq!(
-        models(&chain),
-        [("step-model".to_string(), Origin::Step), ("pkg-model".to_string(), Origin::Package)]
-    );
+    assert_eq!(models(&chain), [("step-model".to_string(), Origin::Step), ("pkg-model".to_string(), Origin::Package)]);
 
     // PROMPTGEN_MODEL applies to every step, over the step's own model.
     let chain = load(&manifest, &Overrides::default(), &[("PROMPTGEN_MODEL", "env-model")]);
@@ -291,7 +285,10 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
     let step = &chain.steps[0];
     assert_eq!(step.system_prompt, Some(fx.path("prompts/ws_system.md")));
     assert_eq!((step.model.as_str(), step.model_origin), ("ws-model", Origin::Workspace));
-    assert_eq!((step.seed, step.temperature, step.max_steps, step.protocol), (Some(7), Some(1.0), 3, ToolProtocol::Blocks));
+    assert_eq!(
+        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (Some(7), Some(1.0), 3, ToolProtocol::Blocks)
+    );
     assert_eq!((chain.num_ctx, chain.request_timeout), (4096, Duration::from_secs(30)));
 
     // The package beats the workspace; its paths are relative to the package.
@@ -303,7 +300,10 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
     let chain = load(&manifest, &Overrides::default(), NONE);
     let step = &chain.steps[0];
     assert_eq!(step.system_prompt, Some(fx.path("pkg/prompts/local.md")));
-    assert_eq!((step.seed, step.temperature, step.max_steps, step.protocol), (Some(8), Some(0.5), 4, ToolProtocol::Json));
+    assert_eq!(
+        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (Some(8), Some(0.5), 4, ToolProtocol::Json)
+    );
     assert_eq!((chain.num_ctx, chain.request_timeout), (8192, Duration::from_secs(60)));
 
     // The step beats the package.
@@ -405,12 +405,22 @@ fn backend_config_carries_the_chain_and_the_step_script() {
 
     let chain = load(&manifest, &flags(Some("openai"), None, Some("http://x/v1")), &[("OPENAI_API_KEY", "k")]);
     let config = chain.backend_config(&chain.steps[0]);
-    assert_eq!((config.kind, config.base_url.as_deref(), config.api_key.as_deref()), (BackendKind::OpenAi, Some("http://x/v1"), Some("k")));
+    assert_eq!(
+        (config.kind, config.base_url.as_deref(), config.api_key.as_deref()),
+        (BackendKind::OpenAi, Some("http://x/v1"), Some("k"))
+    );
 }
 
 #[test]
 fn env_vars_lists_every_variable_read() {
-    for name in ["PROMPTGEN_BACKEND", "PROMPTGEN_MODEL", "PROMPTGEN_BASE_URL", "OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY"] {
+    for name in [
+        "PROMPTGEN_BACKEND",
+        "PROMPTGEN_MODEL",
+        "PROMPTGEN_BASE_URL",
+        "OLLAMA_HOST",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+    ] {
         assert!(config::ENV_VARS.contains(&name), "{name}");
     }
 }
@@ -483,7 +493,15 @@ fn unknown_keys_list_the_known_ones_and_suggest_the_closest() {
     let manifest = fx.package(&one_step("model = \"m\"\nmax_step = 3", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
     assert!(matches!(err, ConfigError::UnknownKey { .. }), "{err:?}");
-    assert_mentions(&err, &["pkg/Cargo.toml", "package.metadata.promptgen.max_step", "did you mean `max_steps`?", "`request_timeout_secs`"]);
+    assert_mentions(
+        &err,
+        &[
+            "pkg/Cargo.toml",
+            "package.metadata.promptgen.max_step",
+            "did you mean `max_steps`?",
+            "`request_timeout_secs`",
+        ],
+    );
 
     // At step level.
     let manifest = fx.package(&one_step("model = \"m\"", "promt = \"x\""));
@@ -538,7 +556,10 @@ fn wrong_types_say_what_is_expected() {
         let text = if line.starts_with("steps") {
             format!("[package.metadata.promptgen]\nmodel = \"m\"\n{line}\n")
         } else {
-            one_step(if line.starts_with("model") { line.to_string() } else { format!("model = \"m\"\n{line}") }.as_str(), "")
+            one_step(
+                if line.starts_with("model") { line.to_string() } else { format!("model = \"m\"\n{line}") }.as_str(),
+                "",
+            )
         };
         let manifest = fx.package(&text);
         let err = load_err(&manifest, &Overrides::default(), NONE);
@@ -569,11 +590,22 @@ fn bad_enum_values_list_the_allowed_ones() {
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"llamacpp\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
     assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
-    assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.backend`", "\"llamacpp\"", "\"ollama\", \"openai\", \"scripted\""]);
+    assert_mentions(
+        &err,
+        &[
+            "pkg/Cargo.toml",
+            "`package.metadata.promptgen.backend`",
+            "\"llamacpp\"",
+            "\"ollama\", \"openai\", \"scripted\"",
+        ],
+    );
 
     let manifest = fx.package(&one_step("model = \"m\"", "protocol = \"xml\""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].protocol`", "\"xml\"", "\"native\", \"json\", \"blocks\""]);
+    assert_mentions(
+        &err,
+        &["`package.metadata.promptgen.steps[0].protocol`", "\"xml\"", "\"native\", \"json\", \"blocks\""],
+    );
 }
 
 #[test]
@@ -590,7 +622,8 @@ fn out_of_range_numbers() {
         ("model = \"\"", "`package.metadata.promptgen.model` = \"\"", "non-empty"),
     ];
     for (line, key, expected) in cases {
-        let manifest = fx.package(&one_step(&format!("model = \"m\"\n{line}").replacen("model = \"m\"\nmodel", "model", 1), ""));
+        let manifest =
+            fx.package(&one_step(&format!("model = \"m\"\n{line}").replacen("model = \"m\"\nmodel", "model", 1), ""));
         let err = load_err(&manifest, &Overrides::default(), NONE);
         assert!(matches!(err, ConfigError::InvalidValue { .. }), "{line}: {err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", key, expected]);
@@ -604,7 +637,9 @@ fn out_of_range_numbers() {
 #[test]
 fn empty_or_missing_steps() {
     let fx = Fixture::new();
-    for text in ["[package.metadata.promptgen]\nmodel = \"m\"\n", "[package.metadata.promptgen]\nmodel = \"m\"\nsteps = []\n"] {
+    for text in
+        ["[package.metadata.promptgen]\nmodel = \"m\"\n", "[package.metadata.promptgen]\nmodel = \"m\"\nsteps = []\n"]
+    {
         let manifest = fx.package(text);
         let err = load_err(&manifest, &Overrides::default(), NONE);
         assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
@@ -621,10 +656,14 @@ fn missing_id_or_prompt() {
     assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
     assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].id`", "id = \"01\""]);
 
-    let manifest = fx.package("[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n");
+    let manifest =
+        fx.package("[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
     assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
-    assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].prompt`", "step `01`", "prompt = "]);
+    assert_mentions(
+        &err,
+        &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].prompt`", "step `01`", "prompt = "],
+    );
 }
 
 #[test]
@@ -638,7 +677,10 @@ fn duplicate_and_malformed_ids() {
     );
     let err = load_err(&manifest, &Overrides::default(), NONE);
     assert!(matches!(err, ConfigError::DuplicateId { .. }), "{err:?}");
-    assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[2].id`", "`01`", "steps[0].id", "unique"]);
+    assert_mentions(
+        &err,
+        &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[2].id`", "`01`", "steps[0].id", "unique"],
+    );
 
     for bad in ["step 1", "", "ü", "a/b"] {
         let manifest = fx.package(&format!(
@@ -646,7 +688,10 @@ fn duplicate_and_malformed_ids() {
         ));
         let err = load_err(&manifest, &Overrides::default(), NONE);
         assert!(matches!(err, ConfigError::InvalidValue { .. }), "{bad}: {err:?}");
-        assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].id`", "letters, digits, `_` and `-`"]);
+        assert_mentions(
+            &err,
+            &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].id`", "letters, digits, `_` and `-`"],
+        );
     }
 }
 
@@ -656,12 +701,19 @@ fn missing_files_name_the_resolved_path() {
     let cases = [
         ("prompt = \"../prompts/nope.md\"", "steps[0].prompt", "prompts/nope.md", "prompt of step `01`"),
         ("system_prompt = \"sys/none.md\"", "steps[0].system_prompt", "pkg/sys/none.md", "system prompt of step `01`"),
-        ("script = \"../prompts/scripts/none.toml\"", "steps[0].script", "prompts/scripts/none.toml", "script of step `01`"),
+        (
+            "script = \"../prompts/scripts/none.toml\"",
+            "steps[0].script",
+            "prompts/scripts/none.toml",
+            "script of step `01`",
+        ),
         ("inputs = [\"src/none.rs\"]", "steps[0].inputs[0]", "pkg/src/none.rs", "input of step `01`"),
     ];
     for (line, key, resolved, what) in cases {
         let text = if line.starts_with("prompt") {
-            format!("[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n{line}\n")
+            format!(
+                "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n{line}\n"
+            )
         } else {
             one_step("model = \"m\"", line)
         };
@@ -671,14 +723,23 @@ fn missing_files_name_the_resolved_path() {
         let resolved = fx.path(resolved);
         assert_mentions(
             &err,
-            &["pkg/Cargo.toml", &format!("package.metadata.promptgen.{key}"), &resolved.display().to_string(), what, "does not exist"],
+            &[
+                "pkg/Cargo.toml",
+                &format!("package.metadata.promptgen.{key}"),
+                &resolved.display().to_string(),
+                what,
+                "does not exist",
+            ],
         );
     }
 
     // The package's system prompt, and the workspace's (relative to the workspace root).
     let manifest = fx.package(&one_step("model = \"m\"\nsystem_prompt = \"none.md\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert_mentions(&err, &["`package.metadata.promptgen.system_prompt`", &fx.path("pkg/none.md").display().to_string()]);
+    assert_mentions(
+        &err,
+        &["`package.metadata.promptgen.system_prompt`", &fx.path("pkg/none.md").display().to_string()],
+    );
 
     let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nsystem_prompt = \"prompts/none.md\"\n");
     let manifest = fx.package(&one_step("model = \"m\"", ""));
@@ -699,7 +760,10 @@ fn a_prompt_that_is_a_folder() {
     );
     let err = load_err(&manifest, &Overrides::default(), NONE);
     assert!(matches!(err, ConfigError::NotAFile { .. }), "{err:?}");
-    assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].prompt`", "is a folder", "must be a file"]);
+    assert_mentions(
+        &err,
+        &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].prompt`", "is a folder", "must be a file"],
+    );
 }
 
 #[test]
@@ -750,7 +814,10 @@ fn the_scripted_backend_needs_a_script_per_step() {
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"scripted\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
     assert!(matches!(err, ConfigError::MissingScript { .. }), "{err:?}");
-    assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].script`", "step `01`", "(from package metadata)"]);
+    assert_mentions(
+        &err,
+        &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].script`", "step `01`", "(from package metadata)"],
+    );
 
     // Also when the environment chooses it.
     let manifest = fx.package(&one_step("model = \"m\"", ""));
@@ -764,37 +831,13 @@ fn an_invalid_backend_variable_or_flag_is_named() {
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let err = load_err(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "llama")]);
     assert!(matches!(err, ConfigError::Env { .. }), "{err:?}");
-    assert_mentions(&err, &["PROMPTGEN_BACKEND", "\"llama\"", "\"ollama\", \"openai\", \"scripted\"", "pkg/Cargo.toml"]);
+    assert_mentions(
+        &err,
+        &["PROMPTGEN_BACKEND", "\"llama\"", "\"ollama\", \"openai\", \"scripted\"", "pkg/Cargo.toml"],
+    );
     assert_eq!(err.key(), Some("PROMPTGEN_BACKEND"));
 
     let err = load_err(&manifest, &flags(Some("Ollama"), None, None), NONE);
     assert!(matches!(err, ConfigError::Flag { .. }), "{err:?}");
     assert_mentions(&err, &["--backend", "\"Ollama\"", "\"ollama\", \"openai\", \"scripted\""]);
-}
-
-#[test]
-fn zz_print_messages() {
-    let fx = Fixture::new();
-    let texts = [
-        "[package.metadata.promptgen]\nmodel = \n".to_string(),
-        "".to_string(),
-        one_step("model = \"m\"\nmax_step = 3", ""),
-        one_step("model = \"m\"\nseed = \"x\"", ""),
-        one_step("model = \"m\"\nbackend = \"x\"", ""),
-        one_step("model = \"m\"\ntemperature = 3", ""),
-        one_step("model = \"m\"", "outputs = [\"../a\"]"),
-        one_step("model = \"m\"", "inputs = [\"nope\"]"),
-        "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"../prompts\"\n".to_string(),
-        "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n".to_string(),
-        "[package.metadata.promptgen]\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"../prompts/01.md\"\n".to_string(),
-        one_step("model = \"m\"\nbackend = \"scripted\"", ""),
-        "[package.metadata.promptgen]\nmodel = \"m\"\n".to_string(),
-    ];
-    for t in texts {
-        let m = fx.package(&t);
-        println!("{}\n---", load_err(&m, &Overrides::default(), NONE));
-    }
-    let m = fx.package(&one_step("model = \"m\"", ""));
-    println!("{}\n---", load_err(&m, &Overrides::default(), &[("PROMPTGEN_BACKEND", "x")]));
-    println!("{}\n---", load_err(&m, &flags(Some("x"), None, None), NONE));
 }

@@ -112,7 +112,7 @@
 //! No model output makes this crate panic.
 //!
 //! # Modules
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod backend;
 pub mod chat;

@@ -518,15 +518,12 @@ impl<'a> Run<'a> {
                     .commands
                     .into_iter()
                     .enumerate()
-                    .map(|(i, command)| {
-                        let (name, label, arguments) = block_call(command);
-                        PendingCall {
-                            id: format!("block_{}_{}", self.model_calls, i + 1),
-                            name: name.to_string(),
-                            arguments: Arguments::Object(arguments),
-                            via: CallSource::Block,
-                            label,
-                        }
+                    .map(|(i, command)| PendingCall {
+                        id: format!("block_{}_{}", self.model_calls, i + 1),
+                        name: command.tool_name().to_string(),
+                        label: command.label(),
+                        arguments: Arguments::Object(block_arguments(command)),
+                        via: CallSource::Block,
                     })
                     .collect();
                 (calls, parsed.problems)
@@ -550,31 +547,25 @@ impl<'a> Run<'a> {
     }
 }
 
-/// The tool an `@@@` command stands for, its label in results, and its arguments.
-fn block_call(command: BlockCommand) -> (&'static str, String, serde_json::Map<String, serde_json::Value>) {
+/// The arguments of the tool an `@@@` command stands for.
+fn block_arguments(command: BlockCommand) -> serde_json::Map<String, serde_json::Value> {
     let mut args = serde_json::Map::new();
     match command {
         BlockCommand::Read { path } => {
-            let label = format!("read({path})");
             args.insert("path".into(), path.into());
-            (tools::READ_FILE, label, args)
         }
         BlockCommand::Write { path, content } => {
-            let label = format!("write({path})");
             args.insert("path".into(), path.into());
             args.insert("content".into(), content.into());
-            (tools::WRITE_FILE, label, args)
         }
         BlockCommand::List { dir } => {
-            let label = format!("list({})", dir.as_deref().unwrap_or(""));
             if let Some(dir) = dir {
                 args.insert("dir".into(), dir.into());
             }
-            (tools::LIST_FILES, label, args)
         }
         BlockCommand::Done { summary } => {
             args.insert("summary".into(), summary.into());
-            (tools::FINISH, "done".to_string(), args)
         }
     }
+    args
 }

@@ -1,7 +1,7 @@
 //! The scripted backend: canned turns from TOML or JSON files, honest about what it is.
 
 use codegen_core::backend::scripted::Scripted;
-use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind};
+use codegen_core::backend::{BackendConfig, BackendError, BackendKind};
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::Event;
 use codegen_core::{Error, Step};

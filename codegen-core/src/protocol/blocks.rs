@@ -505,7 +505,8 @@ mod tests {
 
     #[test]
     fn write_content_is_verbatim() {
-        let content = "@@@write_begin(a.py)\r\nx = \"\\n\"  \r\n\r\n    @decorator\r\n@@@not_a_command\r\n@@@write_end\r\n";
+        let content =
+            "@@@write_begin(a.py)\r\nx = \"\\n\"  \r\n\r\n    @decorator\r\n@@@not_a_command\r\n@@@write_end\r\n";
         assert_eq!(clean(content), vec![write("a.py", "x = \"\\n\"  \n\n    @decorator\n@@@not_a_command\n")]);
         assert_eq!(clean("@@@write_begin(empty.txt)\n@@@write_end"), vec![write("empty.txt", "")]);
         assert_eq!(clean("@@@write_begin(blank.txt)\n\n@@@write_end"), vec![write("blank.txt", "\n")]);
@@ -545,8 +546,12 @@ mod tests {
         assert_eq!(
             reply.problems,
             vec![
-                format!("`@@@delete(a.rs)` on line 2 is not a command; the commands are {KNOWN_COMMANDS}, each on a line of its own"),
-                format!("`@@@` on line 3 is not a command; the commands are {KNOWN_COMMANDS}, each on a line of its own"),
+                format!(
+                    "`@@@delete(a.rs)` on line 2 is not a command; the commands are {KNOWN_COMMANDS}, each on a line of its own"
+                ),
+                format!(
+                    "`@@@` on line 3 is not a command; the commands are {KNOWN_COMMANDS}, each on a line of its own"
+                ),
             ]
         );
     }
@@ -681,7 +686,10 @@ mod tests {
                 done("Wrote view.rs, which greets the user by name."),
             ]
         );
-        assert!(text.contains("@@@result read(src/model.rs)\npub struct User {\n    pub name: String,\n}\n@@@end"), "{text}");
+        assert!(
+            text.contains("@@@result read(src/model.rs)\npub struct User {\n    pub name: String,\n}\n@@@end"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -21,7 +21,12 @@
 //!   with any other language (`rust`, `python`...) is code and is skipped entirely.
 //! * **Bare JSON** anywhere else, including inside untagged fences: every top-level `{...}`,
 //!   and every `[...]` that starts with an object, found with a brace scan that respects JSON
-//!   strings and escapes. Prose around it is ignored.
+//!   strings and escapes. Prose around it is ignored. A `{` only starts a span when a key and a
+//!   colon follow it (`{"name":`, `{'name':` or `{name:`, the key on one line) or it is `{}`,
+//!   so braces and quotes in prose or code (`{x | x > 0}`, `"a { b"`, `fn f() {`) do not
+//!   swallow a call written after them. A span that never closes (a call cut off) ends at the
+//!   end of the text, or before a fence line or a `<tool_call>` tag; the balanced spans inside
+//!   it are read too.
 //!
 //! Several places give several calls, in order of appearance; a JSON array gives one call per
 //! item.
@@ -232,9 +237,8 @@ fn scan(text: &str, from: usize, to: usize, fences: bool, out: &mut Vec<Place>) 
 
 /// Whether the `{` or `[` at `i` may start a call object or an array of them: `{` followed by
 /// a key and a colon (the key quoted on one line, or a bare word so that unquoted keys get
-/// reported) or by `}`;
-/// `[` followed by such a `{`. This keeps braces in prose (`{x | x > 0}`, `"a { b"`, a Rust
-/// block) from starting a span that would swallow a real call after it.
+/// reported) or by `}`; `[` followed by such a `{`. This keeps braces in prose (`{x | x > 0}`,
+/// `"a { b"`, a Rust block) from starting a span that would swallow a real call after it.
 fn may_start_json(bytes: &[u8], i: usize, to: usize) -> bool {
     let next = |from: usize| (from..to).find(|&j| !bytes[j].is_ascii_whitespace());
     if bytes[i] == b'[' {
@@ -577,7 +581,9 @@ fn read_bare(content: &str, (start, end): (usize, usize), closed: bool, inner: &
                 Shape::NotACall => Outcome::NotACall,
                 Shape::Bad(problem) => Outcome::Malformed(format!("in {loc}, {problem}")),
             },
-            Err(err) if looks_like_call(text) => Outcome::Malformed(describe_json_error(&loc, &json_error(text, 0, &err))),
+            Err(err) if looks_like_call(text) => {
+                Outcome::Malformed(describe_json_error(&loc, &json_error(text, 0, &err)))
+            }
             Err(_) => Outcome::NotACall,
         };
     }
@@ -668,8 +674,7 @@ fn describe_json_error(what: &str, err: &JsonError) -> String {
     } else {
         ""
     };
-    let mut message =
-        format!("{what} is invalid at line {} column {}: {}{hint}", err.line, err.column, err.message);
+    let mut message = format!("{what} is invalid at line {} column {}: {}{hint}", err.line, err.column, err.message);
     if !err.near.trim().is_empty() {
         message.push_str(&format!("; the line reads `{}`", err.near.replace('`', "'")));
     }
@@ -792,9 +797,7 @@ fn classify_call(mut map: Map<String, Value>, required: bool, what: &str) -> Sha
     };
     if name.trim().is_empty() {
         return if args_key.is_some() || required {
-            Shape::Bad(format!(
-                "the \"{name_key}\" field is empty; it must name the tool to call, e.g. \"write_file\""
-            ))
+            Shape::Bad(format!("the \"{name_key}\" field is empty; it must name the tool to call, e.g. \"write_file\""))
         } else {
             Shape::NotACall
         };
@@ -843,10 +846,8 @@ pub fn json_protocol_instructions(tools: &[ToolSpec]) -> String {
                 out.push_str(&format!("- \"{}\" ({}, {need}){description}\n", p.name, p.kind));
             }
         }
-        let arguments: Vec<String> = params
-            .iter()
-            .map(|p| format!("{}: {}", Value::String(p.name.clone()), example_value(p)))
-            .collect();
+        let arguments: Vec<String> =
+            params.iter().map(|p| format!("{}: {}", Value::String(p.name.clone()), example_value(p))).collect();
         out.push_str(&format!(
             "Example: {{\"tool\": {}, \"arguments\": {{{}}}}}\n",
             Value::String(tool.name.to_owned()),
@@ -887,7 +888,8 @@ fn parameters(schema: &Value) -> Vec<Parameter> {
     let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return Vec::new() };
     let describe = |name: &str, property: &Value| {
         let description = property.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
-        let example = description.split_once("e.g. \"").and_then(|(_, rest)| rest.split_once('"')).map(|(e, _)| e.to_owned());
+        let example =
+            description.split_once("e.g. \"").and_then(|(_, rest)| rest.split_once('"')).map(|(e, _)| e.to_owned());
         Parameter {
             name: name.to_owned(),
             kind: property.get("type").and_then(Value::as_str).unwrap_or("any JSON value").to_owned(),
@@ -987,7 +989,8 @@ mod tests {
     fn openai_function_wrappers() {
         let text = r#"{"function": {"name": "read_file", "arguments": "{\"path\": \"a.rs\"}"}}"#;
         assert_eq!(found(text), vec![call("read_file", json!({"path": "a.rs"}))]);
-        let text = r#"{"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": {"path": "a.rs"}}}"#;
+        let text =
+            r#"{"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": {"path": "a.rs"}}}"#;
         assert_eq!(found(text), vec![call("read_file", json!({"path": "a.rs"}))]);
     }
 
@@ -1053,7 +1056,9 @@ mod tests {
     fn json_fences() {
         assert_eq!(found(&format!("```json\n{WRITE}\n```")), vec![write_call()]);
         assert_eq!(found(&format!("Here it is:\n\n```JSON\n{WRITE}\n```\n\nDone.")), vec![write_call()]);
-        let two = format!("First:\n```json\n{WRITE}\n```\nthen:\n```json\n{{\"name\": \"finish\", \"arguments\": {{}}}}\n```\n");
+        let two = format!(
+            "First:\n```json\n{WRITE}\n```\nthen:\n```json\n{{\"name\": \"finish\", \"arguments\": {{}}}}\n```\n"
+        );
         assert_eq!(found(&two), vec![write_call(), call("finish", json!({}))]);
         // An untagged fence, an unclosed one, and a one-line one.
         assert_eq!(found(&format!("```\n{WRITE}\n```")), vec![write_call()]);
@@ -1124,7 +1129,8 @@ mod tests {
 
     #[test]
     fn invalid_json_in_a_json_fence() {
-        let text = "```json\n{\n  \"name\": \"write_file\",\n  \"arguments\": {\"path\": \"a.rs\" \"content\": \"x\"}\n}\n```";
+        let text =
+            "```json\n{\n  \"name\": \"write_file\",\n  \"arguments\": {\"path\": \"a.rs\" \"content\": \"x\"}\n}\n```";
         assert_eq!(
             malformed(text),
             "the JSON in your ```json block is invalid at line 3 column 32: expected `,` or `}` \
@@ -1145,7 +1151,10 @@ mod tests {
     fn which_fence_is_named() {
         let text = format!("```json\n{WRITE}\n```\n```json\n{{\"name\": \"finish\",}}\n```");
         let message = malformed(&text);
-        assert!(message.starts_with("the JSON in your 2nd ```json block is invalid at line 1 column 19: trailing comma"), "{message}");
+        assert!(
+            message.starts_with("the JSON in your 2nd ```json block is invalid at line 1 column 19: trailing comma"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -1179,7 +1188,8 @@ mod tests {
 
     #[test]
     fn invalid_json_in_a_tag() {
-        let message = malformed("<tool_call>\n{\"name\": \"read_file\", \"arguments\": {path: \"a.rs\"}}\n</tool_call>");
+        let message =
+            malformed("<tool_call>\n{\"name\": \"read_file\", \"arguments\": {path: \"a.rs\"}}\n</tool_call>");
         assert_eq!(
             message,
             "the JSON in your <tool_call> block is invalid at line 2 column 37: key must be a string \
@@ -1196,7 +1206,9 @@ mod tests {
         );
         assert_eq!(
             malformed("<tool_call>{\"a\": 1}</tool_call>"),
-            format!("your <tool_call> block holds an object that is not a tool call: it names no tool; write {CALL_EXAMPLE}")
+            format!(
+                "your <tool_call> block holds an object that is not a tool call: it names no tool; write {CALL_EXAMPLE}"
+            )
         );
     }
 
@@ -1243,14 +1255,20 @@ mod tests {
     #[test]
     fn python_dicts_are_failed_attempts() {
         let message = malformed("{'name': 'write_file', 'arguments': {'path': 'a.rs'}}");
-        assert!(message.contains("is invalid at line 1 column 2: key must be a string (every key needs double quotes"), "{message}");
+        assert!(
+            message.contains("is invalid at line 1 column 2: key must be a string (every key needs double quotes"),
+            "{message}"
+        );
         assert!(message.contains("the line reads `{'name': 'write_file', 'argumen…`"), "{message}");
         assert_eq!(calls_in_text("{'a': 1}"), TextCalls::None);
     }
 
     #[test]
     fn unknown_tool_names_are_calls_when_arguments_are_given() {
-        assert_eq!(found(r#"{"name": "run_shell", "arguments": {"cmd": "ls"}}"#), vec![call("run_shell", json!({"cmd": "ls"}))]);
+        assert_eq!(
+            found(r#"{"name": "run_shell", "arguments": {"cmd": "ls"}}"#),
+            vec![call("run_shell", json!({"cmd": "ls"}))]
+        );
     }
 
     #[test]
@@ -1308,6 +1326,11 @@ mod tests {
                 other => panic!("{example}: {other:?}"),
             }
         }
-        assert!(text.contains(r#"Example: {"tool": "write_file", "arguments": {"path": "view.rs", "content": "pub fn greet"#), "{text}");
+        assert!(
+            text.contains(
+                r#"Example: {"tool": "write_file", "arguments": {"path": "view.rs", "content": "pub fn greet"#
+            ),
+            "{text}"
+        );
     }
 }
