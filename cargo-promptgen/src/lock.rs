@@ -86,7 +86,7 @@ pub struct Fingerprint {
     #[serde(default)]
     pub outputs: Vec<String>,
     /// Hash of each input file, by its path as the model sees it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inputs: BTreeMap<String, String>,
     /// Digest of the previous step's key and files; absent for the first step.
     #[serde(default, skip_serializing_if = "Option::is_none")]

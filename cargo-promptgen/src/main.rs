@@ -292,8 +292,8 @@ fn status(selection: &Selection) -> anyhow::Result<ExitCode> {
 
 fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
     let rows = report::status(chain, layout)?;
-    let header = ["step", "prompt", "state", "files", "model", "calls", "tokens", "repairs"];
-    let cells: Vec<[String; 8]> = rows
+    let header = ["step", "prompt", "state", "files", "backend", "model", "calls", "tokens", "repairs"];
+    let cells: Vec<[String; 9]> = rows
         .iter()
         .map(|r| {
             let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -302,6 +302,7 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
                 r.prompt.clone(),
                 r.state.to_string(),
                 r.files.to_string(),
+                r.backend.clone(),
                 r.model.clone(),
                 opt(r.model_calls.map(|v| v.to_string())),
                 opt(r.tokens.map(|v| v.to_string())),

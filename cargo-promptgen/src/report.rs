@@ -49,6 +49,8 @@ pub struct StatusRow {
     pub reasons: Vec<String>,
     /// Files it produced (as recorded).
     pub files: usize,
+    /// The backend it was recorded with (`scripted` for canned turns), or is configured with.
+    pub backend: String,
     /// The model it was recorded with, or is configured with when not recorded.
     pub model: String,
     /// Model calls of the recorded run.
@@ -80,6 +82,7 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
                 state,
                 reasons,
                 files: recorded.map_or(0, |e| e.files.len()),
+                backend: recorded.map_or_else(|| chain.backend.to_string(), |e| e.fingerprint.backend.clone()),
                 model: recorded.map_or_else(|| step.model.clone(), |e| e.fingerprint.model.clone()),
                 model_calls: recorded.map(|e| e.model_calls),
                 tokens: recorded.map(|e| e.prompt_tokens + e.completion_tokens),
