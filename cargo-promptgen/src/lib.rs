@@ -1,8 +1,80 @@
-//! Prompt chains declared in Cargo metadata, a committed lock, `cargo promptgen`, and the
-//! build-script entry.
+//! Prompt chains declared in Cargo metadata, compiled like any other build stage, and
+//! recorded in a committed lock so that builds are reproducible, offline and reviewable.
 //!
-//! (The tutorial is written below once the pieces are in place.)
-#![warn(missing_docs)]
+//! A *chain* is a list of steps. Each step sends one prompt to a language model, which
+//! reads and writes files through tools (see [`codegen_core`]) until it declares itself
+//! done. Steps share one generated tree: step N sees what steps 1..N-1 wrote. The lock,
+//! `promptgen.lock`, records for each step a *key* (a hash of everything that can change its
+//! result) and the files it produced; the files themselves sit in `promptgen/<id>/` beside
+//! it. The lock is to prompts what `Cargo.lock` is to versions.
+//!
+//! # Using it in a crate
+//!
+//! ```sh
+//! cargo add --build cargo-promptgen
+//! cargo install cargo-promptgen      # for the `cargo promptgen` subcommand
+//! ```
+//!
+//! Declare the chain in `Cargo.toml`:
+//!
+//! ```toml
+//! [package.metadata.promptgen]
+//! backend = "ollama"                  # "ollama" | "openai" | "scripted"
+//! model = "qwen2.5-coder:7b"
+//! seed = 123
+//! temperature = 0.0
+//! max_steps = 8                       # model calls per step, repairs included
+//! protocol = "native"                 # "native" | "json" | "blocks"
+//! system_prompt = "prompts/system.md" # optional
+//!
+//! [[package.metadata.promptgen.steps]]
+//! id = "01"
+//! prompt = "prompts/step_01_view.md"  # relative to the package
+//! outputs = ["view.rs"]               # files the step must produce
+//! inputs = ["src/domain.rs"]          # extra files or folders the model may read
+//! ```
+//!
+//! Call the build entry from `build.rs`:
+//!
+//! ```no_run
+//! // build.rs
+//! fn main() -> Result<(), cargo_promptgen::Error> {
+//!     cargo_promptgen::build()
+//! }
+//! ```
+//!
+//! and mount the generated files, one module per `.rs` file, in `src/main.rs` or `src/lib.rs`:
+//!
+//! ```ignore
+//! mod generated {
+//!     include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
+//! }
+//! // generated::view::View, generated::presenter::Presenter, ...
+//! ```
+//!
+//! Then `cargo promptgen` runs the chain and records it; commit `promptgen.lock` and
+//! `promptgen/`. From then on `cargo build` copies the recorded files into
+//! `$OUT_DIR/promptgen/` without calling any model.
+//!
+//! # What a build does
+//!
+//! - Every step fresh: the recorded files are copied (only those whose bytes changed), no
+//!   network at all.
+//! - Some step stale, and neither `PROMPTGEN_OFFLINE` nor `CI` set: the stale steps run, their
+//!   results go to a pending area under the target folder (a build script never writes the
+//!   package), and a warning says `cargo promptgen accept` records them.
+//! - Some step stale and offline (or `CI`): the build fails, listing each stale step, what
+//!   changed in it, and the command that fixes it.
+//!
+//! # Environment
+//!
+//! Strongest first: command-line flags; `PROMPTGEN_BACKEND`, `PROMPTGEN_MODEL`,
+//! `PROMPTGEN_BASE_URL`; the backend's own `OLLAMA_HOST`, `OPENAI_BASE_URL`, `OPENAI_API_KEY`;
+//! the package's metadata; `[workspace.metadata.promptgen]`. `PROMPTGEN_OFFLINE=1` and `CI`
+//! forbid model calls during builds.
+//!
+//! # Modules
+#![deny(missing_docs)]
 
 pub mod build_script;
 pub mod config;

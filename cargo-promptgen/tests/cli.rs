@@ -1,0 +1,454 @@
+//! `cargo promptgen` as a user drives it from the command line: `--step`, `--force`, `status`,
+//! what makes a step stale and what does not, which model and server win, metadata and usage
+//! errors, `check` on stray and hand-edited stored files, a CI build, and `accept` with
+//! nothing to do. Real binary, the fake LLM server on loopback; only one test runs `cargo build`.
+
+mod support;
+
+use std::process::Output;
+
+use promptgen_tests::{refused_url, FakeLlm, Reply, Turn};
+use serde_json::json;
+use support::{run, text, Package};
+
+fn write(path: &str, content: &str) -> Reply {
+    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
+}
+
+fn finish() -> Reply {
+    Reply::turn(Turn::call("finish", json!({"summary": "done"})))
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Replaces the one occurrence of `from` in the package file `rel` with `to`.
+fn edit(package: &Package, rel: &str, from: &str, to: &str) {
+    let old = package.read(rel);
+    assert_eq!(old.matches(from).count(), 1, "`{from}` should occur once in {rel}:\n{old}");
+    package.write(rel, &old.replacen(from, to, 1));
+}
+
+const THREE_STEPS: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+seed = 1
+temperature = 0.0
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+inputs = ["src/domain.rs"]
+
+[[package.metadata.promptgen.steps]]
+id = "02"
+prompt = "prompts/02.md"
+outputs = ["b.rs"]
+
+[[package.metadata.promptgen.steps]]
+id = "03"
+prompt = "prompts/03.md"
+outputs = ["c.rs"]
+"#;
+
+const A1: &str = "fn a() -> &'static str { \"a1\" }\n";
+const A2: &str = "fn a() -> &'static str { \"a2\" }\n";
+const B: &str = "fn b() -> String { format!(\"{}b\", a()) }\n";
+const C: &str = "fn c() -> String { format!(\"{}c\", b()) }\n";
+
+fn one_run() -> Vec<Reply> {
+    vec![write("a.rs", A1), finish(), write("b.rs", B), finish(), write("c.rs", C), finish()]
+}
+
+/// A three-step package recorded once against `server` (which must hold [`one_run`]).
+fn three_step_package(server: &FakeLlm) -> Package {
+    let package = Package::new(THREE_STEPS, &["a.rs", "b.rs", "c.rs"], "println!(\"{}\", c());");
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
+    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
+    let before = server.requests().len();
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), before + 6, "{}", text(&out));
+    package
+}
+
+#[test]
+fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_output_changes() {
+    let server = FakeLlm::start(one_run());
+    let package = three_step_package(&server);
+    let url = server.url();
+    let lock = package.read("promptgen.lock");
+
+    // Same output: 01 runs although fresh; 02 and 03 stay fresh and call no model.
+    server.push(write("a.rs", A1));
+    server.push(finish());
+    let out = run(package.promptgen(&["--step", "01"]).env("PROMPTGEN_BASE_URL", &url));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 8, "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("step 01: running (regeneration was asked for)"), "{err}");
+    assert!(!err.contains("step 02: running") && !err.contains("step 03: running"), "{err}");
+    assert!(err.contains("1 of 3 steps regenerated"), "{err}");
+    assert_eq!(package.read("promptgen.lock"), lock, "an identical result records an identical lock");
+
+    // Different output: 02 and 03 follow, because what 01 hands over changed.
+    server.push(write("a.rs", A2));
+    server.push(finish());
+    server.push(write("b.rs", B));
+    server.push(finish());
+    server.push(write("c.rs", C));
+    server.push(finish());
+    let out = run(package.promptgen(&["run", "--step", "01"]).env("PROMPTGEN_BASE_URL", &url));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 14, "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("step 02: running (the previous step's output changed)"), "{err}");
+    assert!(err.contains("step 03: running (the previous step's output changed)"), "{err}");
+    assert!(err.contains("3 of 3 steps regenerated"), "{err}");
+    assert_eq!(package.read("promptgen/01/a.rs"), A2);
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // --force regenerates every step, even with identical results.
+    server.push(write("a.rs", A2));
+    server.push(finish());
+    server.push(write("b.rs", B));
+    server.push(finish());
+    server.push(write("c.rs", C));
+    server.push(finish());
+    let out = run(package.promptgen(&["--force"]).env("PROMPTGEN_BASE_URL", &url));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 20, "{}", text(&out));
+    let err = stderr(&out);
+    for id in ["01", "02", "03"] {
+        assert!(err.contains(&format!("step {id}: running (regeneration was asked for)")), "{err}");
+    }
+    assert!(err.contains("3 of 3 steps regenerated"), "{err}");
+
+    // An unknown step is refused before anything runs, naming the steps there are.
+    let lock = package.read("promptgen.lock");
+    let out = run(package.promptgen(&["--step", "99"]).env("PROMPTGEN_BASE_URL", &url));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("there is no step `99`") && err.contains("its steps are: 01, 02, 03"), "{err}");
+    assert_eq!(server.requests().len(), 20);
+    assert_eq!(package.read("promptgen.lock"), lock);
+}
+
+#[test]
+fn status_shows_each_step_and_why_it_is_stale() {
+    let server = FakeLlm::start(one_run());
+    let package = three_step_package(&server);
+
+    let out = run(&mut package.promptgen(&["status"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let table = stdout(&out);
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0], ["step", "prompt", "state", "files", "model", "calls", "tokens", "repairs"], "{table}");
+    // Two model calls of 10 prompt + 5 completion tokens each.
+    assert_eq!(rows[1], ["01", "prompts/01.md", "fresh", "1", "fake-coder", "2", "30", "0"], "{table}");
+    assert_eq!(rows[2], ["02", "prompts/02.md", "fresh", "1", "fake-coder", "2", "30", "0"], "{table}");
+    assert_eq!(rows[3], ["03", "prompts/03.md", "fresh", "1", "fake-coder", "2", "30", "0"], "{table}");
+    assert_eq!(rows.len(), 4, "{table}");
+
+    package.write("src/domain.rs", "pub struct Domain { pub id: u32 }\n");
+    let out = run(&mut package.promptgen(&["status"]));
+    assert_eq!(out.status.code(), Some(0), "status reports, it does not fail: {}", text(&out));
+    let table = stdout(&out);
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[1][..3], ["01", "prompts/01.md", "stale"], "{table}");
+    assert_eq!(rows[2][..3], ["02", "prompts/02.md", "stale"], "{table}");
+    assert_eq!(rows[3][..3], ["03", "prompts/03.md", "stale"], "{table}");
+    assert!(table.contains("step 01 is stale: input `src/domain.rs` changed"), "{table}");
+    assert!(table.contains("step 02 is stale:") && table.contains("it runs after step 01, which must run again"), "{table}");
+}
+
+const ONE_STEP: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+seed = 1
+temperature = 0.0
+protocol = "native"
+system_prompt = "prompts/system.md"
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+inputs = ["src/domain.rs", "docs"]
+"#;
+
+fn one_step_package(server: &FakeLlm) -> Package {
+    let package = Package::new(ONE_STEP, &[], "");
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package.write("docs/guide.md", "Be brief.\n");
+    package.write("prompts/system.md", "You write Rust.\n");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    package
+}
+
+/// `check` exits 1 and its report on step 01 contains every phrase of `reasons`.
+fn assert_stale(package: &Package, env: &[(&str, &str)], reasons: &[&str]) {
+    let mut command = package.promptgen(&["check"]);
+    command.envs(env.iter().copied());
+    let out = run(&mut command);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = stdout(&out);
+    let line = report.lines().find(|l| l.trim_start().starts_with("step 01:")).unwrap_or_else(|| panic!("{report}"));
+    for reason in reasons {
+        assert!(line.contains(reason), "expected `{reason}` in:\n{report}");
+    }
+}
+
+fn assert_fresh(package: &Package, env: &[(&str, &str)]) {
+    let mut command = package.promptgen(&["check"]);
+    command.envs(env.iter().copied());
+    let out = run(&mut command);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).contains("All 1 steps of"), "{}", text(&out));
+}
+
+#[test]
+fn every_declared_input_makes_the_step_stale_and_the_server_url_does_not() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
+    let package = one_step_package(&server);
+    assert_fresh(&package, &[]);
+
+    let prompt = package.read("prompts/01.md");
+    package.write("prompts/01.md", "Write a.rs with fn a, briefly.\n");
+    assert_stale(&package, &[], &["prompt `prompts/01.md` changed"]);
+    package.write("prompts/01.md", &prompt);
+    assert_fresh(&package, &[]);
+
+    package.write("prompts/system.md", "You write idiomatic Rust.\n");
+    assert_stale(&package, &[], &["the system prompt changed"]);
+    package.write("prompts/system.md", "You write Rust.\n");
+    assert_fresh(&package, &[]);
+
+    package.write("src/domain.rs", "pub struct Domain(u8);\n");
+    assert_stale(&package, &[], &["input `src/domain.rs` changed"]);
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    assert_fresh(&package, &[]);
+
+    package.write("docs/more/extra.md", "Also this.\n");
+    assert_stale(&package, &[], &["input `docs/more/extra.md` was added"]);
+    std::fs::remove_dir_all(package.path("docs/more")).unwrap();
+    assert_fresh(&package, &[]);
+
+    edit(&package, "Cargo.toml", "seed = 1", "seed = 2");
+    assert_stale(&package, &[], &["seed changed: 1 -> 2"]);
+    edit(&package, "Cargo.toml", "seed = 2", "seed = 1");
+    assert_fresh(&package, &[]);
+
+    edit(&package, "Cargo.toml", "temperature = 0.0", "temperature = 0.5");
+    assert_stale(&package, &[], &["temperature changed", "0.5"]);
+    edit(&package, "Cargo.toml", "temperature = 0.5", "temperature = 0.0");
+    assert_fresh(&package, &[]);
+
+    assert_stale(&package, &[("PROMPTGEN_MODEL", "other-coder")], &["model changed", "other-coder", "PROMPTGEN_MODEL"]);
+    assert_fresh(&package, &[("PROMPTGEN_MODEL", "fake-coder")]);
+
+    edit(&package, "Cargo.toml", "protocol = \"native\"", "protocol = \"json\"");
+    assert_stale(&package, &[], &["protocol changed: native -> json"]);
+    edit(&package, "Cargo.toml", "protocol = \"json\"", "protocol = \"native\"");
+    assert_fresh(&package, &[]);
+
+    edit(&package, "Cargo.toml", "outputs = [\"a.rs\"]", "outputs = [\"a.rs\", \"extra.rs\"]");
+    assert_stale(&package, &[], &["declared outputs changed"]);
+    edit(&package, "Cargo.toml", "outputs = [\"a.rs\", \"extra.rs\"]", "outputs = [\"a.rs\"]");
+    assert_fresh(&package, &[]);
+
+    // Where the server is does not change what a step was asked.
+    edit(&package, "Cargo.toml", "seed = 1", "seed = 1\nbase_url = \"http://192.0.2.1:9\"");
+    assert_fresh(&package, &[]);
+    assert_fresh(&package, &[("OLLAMA_HOST", "192.0.2.7:1234")]);
+    assert_fresh(&package, &[("PROMPTGEN_BASE_URL", "http://192.0.2.8:1")]);
+    assert_eq!(server.requests().len(), 2, "check never calls a model");
+}
+
+#[test]
+fn the_model_flag_beats_the_variable_which_beats_the_metadata() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
+    let package = one_step_package(&server);
+    let url = server.url();
+    let models = |from: usize| -> Vec<String> {
+        server.requests()[from..].iter().map(|r| r.json()["model"].as_str().unwrap_or("?").to_string()).collect()
+    };
+    assert_eq!(models(0), ["fake-coder", "fake-coder"]);
+
+    server.push(write("a.rs", A1));
+    server.push(finish());
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", &url).env("PROMPTGEN_MODEL", "env-coder"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(models(2), ["env-coder", "env-coder"], "{}", text(&out));
+
+    server.push(write("a.rs", A1));
+    server.push(finish());
+    let out = run(
+        package
+            .promptgen(&["--model", "flag-coder"])
+            .env("PROMPTGEN_BASE_URL", &url)
+            .env("PROMPTGEN_MODEL", "env-coder"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(models(4), ["flag-coder", "flag-coder"], "{}", text(&out));
+    let lock = package.read("promptgen.lock");
+    assert!(lock.contains("model = \"flag-coder\""), "{lock}");
+}
+
+#[test]
+fn the_base_url_flag_beats_promptgen_base_url_beats_ollama_host_beats_the_metadata() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
+    let package = one_step_package(&server);
+    let url = server.url();
+    let refused = refused_url();
+    edit(&package, "Cargo.toml", "seed = 1", &format!("seed = 1\nbase_url = \"{refused}\""));
+    let host_port = url.trim_start_matches("http://").to_string();
+    let mut served = 2;
+
+    let mut forced = |flag: Option<&str>, env: &[(&str, &str)]| {
+        server.push(write("a.rs", A1));
+        server.push(finish());
+        let mut args = vec!["--force"];
+        if let Some(flag) = flag {
+            args.extend(["--base-url", flag]);
+        }
+        let mut command = package.promptgen(&args);
+        command.envs(env.iter().copied());
+        let out = run(&mut command);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        served += 2;
+        assert_eq!(server.requests().len(), served, "{}", text(&out));
+    };
+    forced(Some(&url), &[("PROMPTGEN_BASE_URL", &refused), ("OLLAMA_HOST", &refused)]);
+    forced(None, &[("PROMPTGEN_BASE_URL", &url), ("OLLAMA_HOST", &refused)]);
+    // OLLAMA_HOST in Ollama's own `host:port` form.
+    forced(None, &[("OLLAMA_HOST", &host_port)]);
+    edit(&package, "Cargo.toml", &format!("base_url = \"{refused}\""), &format!("base_url = \"{url}\""));
+    forced(None, &[]);
+
+    // The stronger source wins even when it is the one that does not work.
+    let out = run(package.promptgen(&["--force"]).env("PROMPTGEN_BASE_URL", &refused));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(stderr(&out).contains("step `01`"), "{}", text(&out));
+    assert_eq!(server.requests().len(), 10, "{}", text(&out));
+}
+
+#[test]
+fn metadata_errors_name_the_key_and_the_file() {
+    let package = Package::new(ONE_STEP, &[], "");
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package.write("docs/guide.md", "Be brief.\n");
+    package.write("prompts/system.md", "You write Rust.\n");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    let manifest = package.read("Cargo.toml");
+    let manifest_path = package.path("Cargo.toml");
+    let manifest_path = manifest_path.to_string_lossy();
+
+    let cases: [(String, &[&str]); 3] = [
+        (
+            manifest.replacen("seed = 1", "seed = 1\nmodle = \"x\"", 1),
+            &["unknown key `package.metadata.promptgen.modle`", "did you mean `model`?"],
+        ),
+        (
+            manifest.replacen("prompt = \"prompts/01.md\"", "prompt = \"prompts/missing.md\"", 1),
+            &["`package.metadata.promptgen.steps[0].prompt`", "prompts/missing.md", "does not exist"],
+        ),
+        (
+            format!("{manifest}\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"prompts/01.md\"\n"),
+            &["`package.metadata.promptgen.steps[1].id`", "step id `01` is already used by `package.metadata.promptgen.steps[0].id`"],
+        ),
+    ];
+    for (text_of_manifest, phrases) in cases {
+        package.write("Cargo.toml", &text_of_manifest);
+        for args in [&[][..], &["check"][..], &["status"][..]] {
+            let out = run(&mut package.promptgen(args));
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+            let err = stderr(&out);
+            assert!(err.contains(manifest_path.as_ref()), "{args:?}: {err}");
+            for phrase in phrases {
+                assert!(err.contains(phrase), "{args:?}: expected `{phrase}` in {err}");
+            }
+        }
+    }
+    assert!(!package.path("promptgen.lock").exists());
+}
+
+#[test]
+fn an_unknown_flag_is_a_usage_error() {
+    let package = Package::new(ONE_STEP, &[], "");
+    for args in [&["--frobnicate"][..], &["check", "--frobnicate"][..], &["explode"][..]] {
+        let out = run(&mut package.promptgen(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        let err = stderr(&out);
+        assert!(err.contains(args.last().unwrap()), "{args:?}: {err}");
+    }
+    let out = run(&mut package.promptgen(&["--help"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn check_warns_about_stored_files_no_step_owns_and_still_passes() {
+    let server = FakeLlm::start(one_run());
+    let package = three_step_package(&server);
+    package.write("promptgen/01/stray.rs", "fn stray() {}\n");
+    std::fs::create_dir_all(package.path("promptgen/99")).unwrap();
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let report = stdout(&out);
+    assert!(report.contains("warning: promptgen/01/stray.rs belongs to no step"), "{report}");
+    assert!(report.contains("warning: promptgen/99 belongs to no step"), "{report}");
+    assert!(!report.contains("promptgen/01/a.rs") && !report.contains("transcript"), "{report}");
+    assert!(report.contains("All 3 steps of"), "{report}");
+
+    // With nothing pending, accept says so and succeeds.
+    let out = run(&mut package.promptgen(&["accept"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).contains(&format!("Nothing to accept: no build left results for {}", package.name)), "{}", text(&out));
+}
+
+#[test]
+fn check_fails_on_a_hand_edited_stored_file_and_names_it() {
+    let server = FakeLlm::start(one_run());
+    let package = three_step_package(&server);
+    package.write("promptgen/01/a.rs", "fn a() -> &'static str { \"edited\" }\n");
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = stdout(&out);
+    let line = report.lines().find(|l| l.contains("step 01:")).unwrap_or_else(|| panic!("{report}"));
+    assert!(line.contains("promptgen/01/a.rs") && line.contains("edited by hand"), "{report}");
+    assert!(report.contains("step 02:") && report.contains("step 03:"), "{report}");
+    let out = run(&mut package.promptgen(&["status"]));
+    assert!(stdout(&out).contains("step 01 is stale: stored file"), "{}", text(&out));
+}
+
+#[test]
+fn a_ci_build_with_a_stale_step_fails_without_calling_a_model() {
+    let server = FakeLlm::start(one_run());
+    let package = Package::new(THREE_STEPS, &["a.rs", "b.rs", "c.rs"], "println!(\"{}\", c());");
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
+    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
+    let out = run(package.cargo(&["build", "--quiet"]).env("CI", "true").env("PROMPTGEN_BASE_URL", server.url()));
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("3 steps of") && err.contains("must be regenerated"), "{err}");
+    assert!(err.contains("CI is set, so the build may not call a model"), "{err}");
+    assert!(err.contains("it was never generated"), "{err}");
+    assert!(err.contains(&format!("cargo promptgen -p {}", package.name)), "{err}");
+    assert!(server.requests().is_empty(), "a CI build calls no model");
+    assert!(!package.path("promptgen.lock").exists() && !package.path("promptgen").exists());
+}
