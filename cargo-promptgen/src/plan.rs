@@ -194,7 +194,7 @@ pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -
         temperature: step.temperature,
         prompt: hash_file(&step.prompt)?,
         system_prompt: step.system_prompt.as_deref().map(hash_file).transpose()?,
-        contract: sha256_hex(codegen_core::run::contract(step.protocol).as_bytes()),
+        contract: sha256_hex(codegen_core::run::contract(step.protocol, false).as_bytes()),
         script: match (&step.script, chain.backend) {
             (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(hash_file(script)?),
             _ => None,

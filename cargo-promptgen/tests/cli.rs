@@ -180,7 +180,10 @@ fn status_shows_each_step_and_why_it_is_stale() {
         assert_eq!(row.get("state").map(String::as_str), Some("stale"), "{table}");
     }
     assert!(table.contains("step 01 is stale: input `src/domain.rs` changed"), "{table}");
-    assert!(table.contains("step 02 is stale:") && table.contains("it runs after step 01, which must run again"), "{table}");
+    assert!(
+        table.contains("step 02 is stale:") && table.contains("it runs after step 01, which must run again"),
+        "{table}"
+    );
 }
 
 /// The rows of `status`'s table (the lines up to the first blank or `step .. is stale` line),
@@ -322,12 +325,10 @@ fn the_model_flag_beats_the_variable_which_beats_the_metadata() {
 
     server.push(write("a.rs", A1));
     server.push(finish());
-    let out = run(
-        package
-            .promptgen(&["--model", "flag-coder"])
-            .env("PROMPTGEN_BASE_URL", &url)
-            .env("PROMPTGEN_MODEL", "env-coder"),
-    );
+    let out = run(package
+        .promptgen(&["--model", "flag-coder"])
+        .env("PROMPTGEN_BASE_URL", &url)
+        .env("PROMPTGEN_MODEL", "env-coder"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(models(4), ["flag-coder", "flag-coder"], "{}", text(&out));
     let lock = package.read("promptgen.lock");
@@ -394,7 +395,10 @@ fn metadata_errors_name_the_key_and_the_file() {
         ),
         (
             format!("{manifest}\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"prompts/01.md\"\n"),
-            &["`package.metadata.promptgen.steps[1].id`", "step id `01` is already used by `package.metadata.promptgen.steps[0].id`"],
+            &[
+                "`package.metadata.promptgen.steps[1].id`",
+                "step id `01` is already used by `package.metadata.promptgen.steps[0].id`",
+            ],
         ),
     ];
     for (text_of_manifest, phrases) in cases {
@@ -442,7 +446,11 @@ fn check_warns_about_stored_files_no_step_owns_and_still_passes() {
     // With nothing pending, accept says so and succeeds.
     let out = run(&mut package.promptgen(&["accept"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(stdout(&out).contains(&format!("Nothing to accept: no build left results for {}", package.name)), "{}", text(&out));
+    assert!(
+        stdout(&out).contains(&format!("Nothing to accept: no build left results for {}", package.name)),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -477,4 +485,41 @@ fn a_ci_build_with_a_stale_step_fails_without_calling_a_model() {
     assert!(err.contains(&format!("cargo promptgen -p {}", package.name)), "{err}");
     assert!(server.requests().is_empty(), "a CI build calls no model");
     assert!(!package.path("promptgen.lock").exists() && !package.path("promptgen").exists());
+}
+
+#[test]
+#[ignore = "bug: options of `run` given before a subcommand (`--force check`, `--model x status`) are accepted and silently ignored"]
+fn options_of_run_before_another_subcommand_are_a_usage_error() {
+    let package = Package::new(ONE_STEP, &[], "");
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package.write("docs/guide.md", "Be brief.\n");
+    package.write("prompts/system.md", "You write Rust.\n");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    for args in [&["--force", "check"][..], &["--model", "other-coder", "status"][..], &["--step", "01", "accept"][..]]
+    {
+        let out = run(&mut package.promptgen(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?} must not run while ignoring {}: {}", args[0], text(&out));
+        assert!(stderr(&out).contains(args[0]), "{args:?}: {}", text(&out));
+    }
+}
+
+#[test]
+#[ignore = "bug: a step removed from the manifest stays in promptgen.lock and its stored files are never reported"]
+fn a_step_removed_from_the_manifest_leaves_the_lock_and_is_reported() {
+    let server = FakeLlm::start(one_run());
+    let package = three_step_package(&server);
+    let manifest = package.read("Cargo.toml");
+    let third =
+        "\n[[package.metadata.promptgen.steps]]\nid = \"03\"\nprompt = \"prompts/03.md\"\noutputs = [\"c.rs\"]\n";
+    assert!(manifest.contains(third), "{manifest}");
+    package.write("Cargo.toml", &manifest.replacen(third, "\n", 1));
+
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 6, "02 and 01 are still fresh");
+    let lock = package.read("promptgen.lock");
+    assert!(!lock.contains("id = \"03\""), "the lock records a step the chain no longer has:\n{lock}");
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).contains("warning: promptgen/03 belongs to no step"), "{}", text(&out));
 }

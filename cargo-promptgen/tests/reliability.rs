@@ -130,7 +130,8 @@ fn visible_store_entries(package: &Package) -> Vec<String> {
     names
 }
 
-const STORE_ENTRIES: [&str; 6] = ["01", "01.transcript.jsonl", "02", "02.transcript.jsonl", "03", "03.transcript.jsonl"];
+const STORE_ENTRIES: [&str; 6] =
+    ["01", "01.transcript.jsonl", "02", "02.transcript.jsonl", "03", "03.transcript.jsonl"];
 
 fn wait_for_requests(server: &FakeLlm, count: usize, child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -238,6 +239,19 @@ fn a_run_killed_in_the_middle_of_a_step_leaves_that_step_as_it_was() {
     assert!(report.contains("step 02: the previous step's output changed"), "{report}");
     assert!(!report.contains("damaged") && !report.contains("stored file"), "{report}");
     assert!(stderr(&out).is_empty(), "{}", text(&out));
+
+    // The next run picks up where the killed one stopped.
+    server.push(write("b.rs", B));
+    server.push(finish());
+    server.push(write("c.rs", C));
+    server.push(finish());
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stderr(&out).contains("2 of 3 steps regenerated"), "{}", text(&out));
+    assert_eq!(server.requests().len(), 13);
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(visible_store_entries(&package), STORE_ENTRIES);
 }
 
 #[test]
@@ -259,7 +273,8 @@ fn two_runs_at_once_take_turns_and_call_the_model_once() {
     assert_eq!(first.status.code(), Some(0), "{}", text(&first));
     assert_eq!(second.status.code(), Some(0), "{}", text(&second));
     assert_eq!(server.requests().len(), 6, "{}\n{}", text(&first), text(&second));
-    let mut summaries: Vec<bool> = [&first, &second].iter().map(|o| stderr(o).contains("3 of 3 steps regenerated")).collect();
+    let mut summaries: Vec<bool> =
+        [&first, &second].iter().map(|o| stderr(o).contains("3 of 3 steps regenerated")).collect();
     summaries.sort();
     assert_eq!(summaries, [false, true], "one run did the work:\n{}\n{}", text(&first), text(&second));
     assert_eq!(lock_of(&package).steps.len(), 3);
@@ -323,7 +338,13 @@ fn running_the_subcommand_after_an_online_build_records_the_steps() {
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let check = run(&mut package.promptgen(&["check"]));
-    assert_eq!(check.status.code(), Some(0), "`cargo promptgen` said:\n{}\n`check` says:\n{}", text(&out), text(&check));
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "`cargo promptgen` said:\n{}\n`check` says:\n{}",
+        text(&out),
+        text(&check)
+    );
     assert_eq!(package.read("promptgen/01/a.rs"), A1);
 }
 

@@ -116,6 +116,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod check;
 pub mod fs;
 pub mod protocol;
 pub mod run;

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::{Backend, BackendError, ChatRequest};
+use crate::check::{Check, CheckError, CheckOutcome};
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
 use crate::protocol::blocks::{self, BlockCommand};
 use crate::protocol::text::{self, TextCalls};
@@ -35,11 +36,15 @@ pub struct Step {
     pub(crate) max_steps: u32,
     pub(crate) protocol: ToolProtocol,
     pub(crate) outputs: Vec<String>,
+    pub(crate) check_rounds: u32,
 }
 
 impl Step {
     /// Model calls a step may make when nothing else is said, repairs included.
     pub const DEFAULT_MAX_STEPS: u32 = 8;
+
+    /// Failed checks a step may answer with a repair round before it fails.
+    pub const DEFAULT_CHECK_ROUNDS: u32 = 3;
 
     /// A step that sends `prompt` to `model`, with the defaults: no system prompt of the
     /// user's, the server's default seed and temperature, [`Step::DEFAULT_MAX_STEPS`] model
@@ -54,6 +59,7 @@ impl Step {
             max_steps: Step::DEFAULT_MAX_STEPS,
             protocol: ToolProtocol::Native,
             outputs: Vec::new(),
+            check_rounds: Step::DEFAULT_CHECK_ROUNDS,
         }
     }
 
@@ -94,6 +100,13 @@ impl Step {
         self
     }
 
+    /// How many times a failing [`Check`] is sent back to the model before the step fails
+    /// (each round also counts against `max_steps`).
+    pub fn check_rounds(&mut self, rounds: u32) -> &mut Step {
+        self.check_rounds = rounds;
+        self
+    }
+
     /// Runs the step to completion.
     pub fn run(&self, backend: &mut dyn Backend, sandbox: &mut Sandbox) -> Result<StepOutput, StepFailure> {
         self.run_observed(backend, sandbox, &mut |_| {})
@@ -106,7 +119,19 @@ impl Step {
         sandbox: &mut Sandbox,
         observer: &mut dyn FnMut(&Event),
     ) -> Result<StepOutput, StepFailure> {
-        Run::new(self, backend, sandbox, observer).go()
+        Run::new(self, backend, sandbox, None, observer).go()
+    }
+
+    /// Runs the step with a [`Check`] that its output must pass before it may finish. The
+    /// model also gets a `check` tool to run it by itself.
+    pub fn run_checked(
+        &self,
+        backend: &mut dyn Backend,
+        sandbox: &mut Sandbox,
+        check: &mut dyn Check,
+        observer: &mut dyn FnMut(&Event),
+    ) -> Result<StepOutput, StepFailure> {
+        Run::new(self, backend, sandbox, Some(check), observer).go()
     }
 }
 
@@ -128,20 +153,21 @@ pub fn run_prompt(
 const LOOP_INSTRUCTIONS: &str = "You work on a project through tools: read the files you need, write every file the \
     task asks for with its complete content, and finish when you are done. Paths are relative and use forward slashes.";
 
-fn protocol_instructions(protocol: ToolProtocol) -> Option<String> {
+fn protocol_instructions(protocol: ToolProtocol, with_check: bool) -> Option<String> {
     match protocol {
         ToolProtocol::Native => None,
-        ToolProtocol::Json => Some(text::json_protocol_instructions(&tools::tool_specs())),
+        ToolProtocol::Json => Some(text::json_protocol_instructions(&tools::specs_for(with_check))),
         ToolProtocol::Blocks => Some(blocks::blocks_protocol_instructions()),
     }
 }
 
-/// Everything besides a step's own prompts that shapes what a model writes under `protocol`:
-/// the loop's instructions and the tool definitions. `cargo-promptgen` hashes it into each
-/// step's key, so that a change to this wording makes recorded steps stale.
-pub fn contract(protocol: ToolProtocol) -> String {
-    let specs = serde_json::to_string(&tools::tool_specs()).unwrap_or_default();
-    let protocol_text = protocol_instructions(protocol).unwrap_or_default();
+/// Everything besides a step's own prompts that shapes what a model writes under `protocol`
+/// (with or without a [`Check`]): the loop's instructions and the tool definitions.
+/// `cargo-promptgen` hashes it into each step's key, so that a change to this wording makes
+/// recorded steps stale.
+pub fn contract(protocol: ToolProtocol, with_check: bool) -> String {
+    let specs = serde_json::to_string(&tools::specs_for(with_check)).unwrap_or_default();
+    let protocol_text = protocol_instructions(protocol, with_check).unwrap_or_default();
     format!("{LOOP_INSTRUCTIONS}\n\n{protocol_text}\n\n{specs}")
 }
 
@@ -195,6 +221,19 @@ pub enum Error {
     /// The sandbox could not be set up.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// The output never passed its check.
+    #[error("the files still fail `{check}` after {rounds} repair rounds; its last messages:\n{diagnostics}")]
+    CheckFailed {
+        /// The check's name.
+        check: String,
+        /// Repair rounds allowed.
+        rounds: u32,
+        /// The check's last diagnostics.
+        diagnostics: String,
+    },
+    /// The check could not run at all.
+    #[error(transparent)]
+    CheckCouldNotRun(#[from] CheckError),
 }
 
 fn missing_text(missing: &[String]) -> String {
@@ -218,6 +257,8 @@ struct Run<'a> {
     model_calls: u32,
     last_problem: Option<String>,
     started: Instant,
+    check: Option<&'a mut dyn Check>,
+    check_failures: u32,
 }
 
 /// One tool call to run, wherever it came from.
@@ -242,6 +283,7 @@ impl<'a> Run<'a> {
         step: &'a Step,
         backend: &'a mut dyn Backend,
         sandbox: &'a mut Sandbox,
+        check: Option<&'a mut dyn Check>,
         observer: &'a mut dyn FnMut(&Event),
     ) -> Run<'a> {
         Run {
@@ -256,6 +298,8 @@ impl<'a> Run<'a> {
             model_calls: 0,
             last_problem: None,
             started: Instant::now(),
+            check,
+            check_failures: 0,
         }
     }
 
@@ -318,8 +362,11 @@ impl<'a> Run<'a> {
                     last_problem: self.last_problem.clone(),
                 });
             }
-            let specs: Vec<ToolSpec> =
-                if self.protocol == ToolProtocol::Native { tools::tool_specs() } else { Vec::new() };
+            let specs: Vec<ToolSpec> = if self.protocol == ToolProtocol::Native {
+                tools::specs_for(self.check.is_some())
+            } else {
+                Vec::new()
+            };
             let request = ChatRequest {
                 model: &self.step.model,
                 messages: &self.history,
@@ -347,7 +394,7 @@ impl<'a> Run<'a> {
                 finish_reason: response.finish_reason.clone(),
                 volatile: Some(CallVolatile { duration: sent_at.elapsed(), retries: response.retries }),
             });
-            match self.handle_reply(response.message) {
+            match self.handle_reply(response.message)? {
                 Turn::Continue => {}
                 ended => return Ok(ended),
             }
@@ -377,7 +424,14 @@ impl<'a> Run<'a> {
         if !self.step.outputs.is_empty() {
             parts.push(format!("This task must produce these files: {}.", self.step.outputs.join(", ")));
         }
-        parts.extend(protocol_instructions(self.protocol));
+        if let Some(check) = &self.check {
+            parts.push(format!(
+                "Before the step can finish, the files must pass the check `{}`. When it fails you get its \
+                 messages: fix the files and finish again.",
+                check.name()
+            ));
+        }
+        parts.extend(protocol_instructions(self.protocol, self.check.is_some()));
         parts.join("\n\n")
     }
 
@@ -386,7 +440,7 @@ impl<'a> Run<'a> {
     }
 
     /// Turns the reply into tool calls and problems, runs the calls, and answers the model.
-    fn handle_reply(&mut self, reply: Message) -> Turn {
+    fn handle_reply(&mut self, reply: Message) -> Result<Turn, Error> {
         let (calls, problems) = self.calls_in(&reply);
         let native = !reply.tool_calls.is_empty();
         self.push_message(reply);
@@ -399,15 +453,43 @@ impl<'a> Run<'a> {
                 answers.push((call, note));
                 continue;
             }
-            let outcome = tools::execute(&call.name, &call.arguments, self.sandbox);
+            let outcome = if call.name == tools::CHECK && self.check.is_some() {
+                match self.run_check(true)? {
+                    None => ToolOutcome::Ran("The check passed.".to_string()),
+                    Some(diagnostics) => ToolOutcome::Ran(format!("The check failed:\n{diagnostics}")),
+                }
+            } else {
+                tools::execute(&call.name, &call.arguments, self.sandbox)
+            };
             let (ok, text) = match outcome {
                 ToolOutcome::Ran(text) => (true, text),
                 ToolOutcome::Refused(problem) => (false, problem),
                 ToolOutcome::Finish(summary) => {
                     let missing = self.missing_outputs();
                     if missing.is_empty() {
-                        finished = Some(summary);
-                        (true, "Finished.".to_string())
+                        match self.run_check(false)? {
+                            None => {
+                                finished = Some(summary);
+                                (true, "Finished.".to_string())
+                            }
+                            Some(diagnostics) => {
+                                self.check_failures += 1;
+                                let name = self.check.as_ref().map(|c| c.name()).unwrap_or_default();
+                                if self.check_failures > self.step.check_rounds {
+                                    return Err(Error::CheckFailed {
+                                        check: name,
+                                        rounds: self.step.check_rounds,
+                                        diagnostics,
+                                    });
+                                }
+                                let problem = format!(
+                                    "`finish` refused: the files do not pass `{name}` (repair round {} of {}). \
+                                     Fix them with write_file, then call finish again.\n\n{diagnostics}",
+                                    self.check_failures, self.step.check_rounds
+                                );
+                                (false, problem)
+                            }
+                        }
                     } else {
                         let problem = format!(
                             "`finish` refused: the task must produce {} and {} not written yet. Write {} with write_file, then call finish.",
@@ -449,12 +531,12 @@ impl<'a> Run<'a> {
         }
 
         if let Some(summary) = finished {
-            return Turn::Finished(Some(summary));
+            return Ok(Turn::Finished(Some(summary)));
         }
         if answers.is_empty() && problems.is_empty() {
             let missing = self.missing_outputs();
             if missing.is_empty() {
-                return Turn::Stopped;
+                return Ok(Turn::Stopped);
             }
             let problem = format!(
                 "You replied without calling a tool, but the task is not done: {} still missing. {}",
@@ -464,7 +546,20 @@ impl<'a> Run<'a> {
             self.repair(problem.clone());
             self.push_message(Message::user(problem));
         }
-        Turn::Continue
+        Ok(Turn::Continue)
+    }
+
+    /// Runs the check, if there is one: `None` when it passes (or there is none), the
+    /// diagnostics when it fails.
+    fn run_check(&mut self, asked_by_model: bool) -> Result<Option<String>, Error> {
+        let Some(check) = self.check.as_mut() else { return Ok(None) };
+        let outcome = check.run(self.sandbox.output_root())?;
+        let diagnostics = match outcome {
+            CheckOutcome::Passed => None,
+            CheckOutcome::Failed(text) => Some(text),
+        };
+        self.record(Event::Check { model_call: self.model_calls, asked_by_model, diagnostics: diagnostics.clone() });
+        Ok(diagnostics)
     }
 
     fn how_to_write(&self) -> &'static str {

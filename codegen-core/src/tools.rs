@@ -18,6 +18,9 @@ pub const LIST_FILES: &str = "list_files";
 /// `finish(summary)`.
 pub const FINISH: &str = "finish";
 
+/// `check()`: offered only when the step has a [`Check`](crate::check::Check).
+pub const CHECK: &str = "check";
+
 /// The names of every tool, in the order they are offered.
 pub const TOOL_NAMES: [&str; 4] = [READ_FILE, WRITE_FILE, LIST_FILES, FINISH];
 
@@ -78,6 +81,21 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
     ]
+}
+
+/// The tool definitions for a step, with the `check` tool when it has a check.
+pub fn specs_for(with_check: bool) -> Vec<ToolSpec> {
+    let mut specs = tool_specs();
+    if with_check {
+        specs.push(ToolSpec {
+            name: CHECK,
+            description: "Compile-check (or otherwise check) every file written so far, exactly as \
+                          `finish` will, and return the errors, if any. Use it after writing code to \
+                          fix mistakes before you finish.",
+            parameters: json!({"type": "object", "properties": {}}),
+        });
+    }
+    specs
 }
 
 /// What running one tool call came to.

@@ -86,6 +86,16 @@ pub enum Event {
         /// What was wrong, as told to the model.
         problem: String,
     },
+    /// The step's check ran.
+    Check {
+        /// The model call after which it ran.
+        model_call: u32,
+        /// Whether the model asked for it with the `check` tool (else `finish` triggered it).
+        asked_by_model: bool,
+        /// Its diagnostics when it failed; absent when it passed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        diagnostics: Option<String>,
+    },
     /// The loop switched tool protocols by itself.
     Fallback {
         /// The protocol that failed.
@@ -178,6 +188,9 @@ pub struct Totals {
     pub completion_tokens: u64,
     /// Repair turns.
     pub repairs: u32,
+    /// Checks that failed when the model called `finish`: each was answered with a repair
+    /// round, or ended the step.
+    pub check_rounds: u32,
     /// Time spent waiting for the model (volatile).
     #[serde(skip)]
     pub model_time: Duration,
@@ -217,6 +230,7 @@ impl Transcript {
                     }
                 }
                 Event::Repair { .. } => totals.repairs += 1,
+                Event::Check { diagnostics: Some(_), asked_by_model: false, .. } => totals.check_rounds += 1,
                 Event::End { volatile: Some(v), .. } => totals.wall_time = v.wall_time,
                 _ => {}
             }

@@ -41,11 +41,10 @@ cargo-promptgen = {{ path = "{}", default-features = false }}
         )
         .unwrap();
         std::fs::create_dir_all(dir.path().join("src")).unwrap();
-        let includes: String = files
-            .iter()
-            .map(|f| format!("include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/{f}\"));\n"))
-            .collect();
-        std::fs::write(dir.path().join("src/main.rs"), format!("{includes}\nfn main() {{\n    {main_body}\n}}\n")).unwrap();
+        let includes: String =
+            files.iter().map(|f| format!("include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/{f}\"));\n")).collect();
+        std::fs::write(dir.path().join("src/main.rs"), format!("{includes}\nfn main() {{\n    {main_body}\n}}\n"))
+            .unwrap();
         Package { dir, name }
     }
 
@@ -84,7 +83,16 @@ cargo-promptgen = {{ path = "{}", default-features = false }}
 /// to offline mode or point it elsewhere, and one target folder for every throwaway package
 /// so their dependencies compile once.
 fn clean_env(command: &mut Command) {
-    for var in ["CI", "PROMPTGEN_OFFLINE", "PROMPTGEN_BACKEND", "PROMPTGEN_MODEL", "PROMPTGEN_BASE_URL", "OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY"] {
+    for var in [
+        "CI",
+        "PROMPTGEN_OFFLINE",
+        "PROMPTGEN_BACKEND",
+        "PROMPTGEN_MODEL",
+        "PROMPTGEN_BASE_URL",
+        "OLLAMA_HOST",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+    ] {
         command.env_remove(var);
     }
     command.env("CARGO_TARGET_DIR", shared_target());
