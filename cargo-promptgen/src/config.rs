@@ -85,6 +85,8 @@ pub const CHAIN_KEYS: &[&str] = &[
     "system_prompt",
     "num_ctx",
     "request_timeout_secs",
+    "check",
+    "check_rounds",
     "steps",
 ];
 
@@ -100,6 +102,8 @@ pub const WORKSPACE_KEYS: &[&str] = &[
     "system_prompt",
     "num_ctx",
     "request_timeout_secs",
+    "check",
+    "check_rounds",
 ];
 
 /// The keys a `[[package.metadata.promptgen.steps]]` table accepts.
@@ -115,6 +119,8 @@ pub const STEP_KEYS: &[&str] = &[
     "max_steps",
     "protocol",
     "system_prompt",
+    "check",
+    "check_rounds",
 ];
 
 const PACKAGE_PREFIX: &str = "package.metadata.promptgen";
@@ -201,6 +207,9 @@ pub struct Chain {
     pub num_ctx: u32,
     /// Time allowed for one whole model request.
     pub request_timeout: Duration,
+    /// The package's Rust edition (`package.edition`, inherited from the workspace when it
+    /// says `edition.workspace = true`; `2015` when absent, as cargo does).
+    pub edition: String,
     /// The steps, sorted by id in plain string (byte) order: `"01" < "02" < "10" < "a"`, so
     /// zero-padded numeric ids run in numeric order.
     pub steps: Vec<StepConfig>,
@@ -272,6 +281,34 @@ pub struct StepConfig {
     pub inputs: Vec<Input>,
     /// The file of canned turns for the `scripted` backend.
     pub script: Option<PathBuf>,
+    /// The check the step's output must pass before it may finish.
+    pub check: CheckSpec,
+    /// Failed checks answered with a repair round before the step fails.
+    pub check_rounds: u32,
+}
+
+/// The check a step's output must pass: `check = "rustc"`, `"none"`, or a command
+/// (`["cargo", "check"]`). Without `check`, steps that declare `.rs` outputs get `rustc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckSpec {
+    /// Type-check the generated tree with rustc, mounted as the crate mounts it.
+    Rustc,
+    /// No check.
+    None,
+    /// Run this command in the package folder with `PROMPTGEN_TREE` set to the step's tree;
+    /// a non-zero exit fails the check.
+    Command(Vec<String>),
+}
+
+impl CheckSpec {
+    /// How it is written in the metadata, e.g. `rustc` or `cargo check`.
+    pub fn describe(&self) -> String {
+        match self {
+            CheckSpec::Rustc => "rustc".into(),
+            CheckSpec::None => "none".into(),
+            CheckSpec::Command(words) => words.join(" "),
+        }
+    }
 }
 
 impl StepConfig {
@@ -692,6 +729,13 @@ pub fn load(
                 .or_else(|| pick(&layers, |l| l.max_steps).map(|(v, _)| v))
                 .unwrap_or(codegen_core::Step::DEFAULT_MAX_STEPS),
             protocol: raw.protocol.or_else(|| pick(&layers, |l| l.protocol).map(|(v, _)| v)).unwrap_or_default(),
+            check: raw.check.clone().or_else(|| pick(&layers, |l| l.check.clone()).map(|(v, _)| v)).unwrap_or_else(|| {
+                if raw.outputs.iter().any(|o| o.ends_with(".rs")) { CheckSpec::Rustc } else { CheckSpec::None }
+            }),
+            check_rounds: raw
+                .check_rounds
+                .or_else(|| pick(&layers, |l| l.check_rounds).map(|(v, _)| v))
+                .unwrap_or(codegen_core::Step::DEFAULT_CHECK_ROUNDS),
             id: raw.id,
             prompt: raw.prompt,
             prompt_display: raw.prompt_display,
@@ -710,6 +754,7 @@ pub fn load(
         });
     }
     steps.sort_by(|a, b| a.id.cmp(&b.id));
+    let edition = package_edition(&doc, workspace.as_ref().map(|(_, f, d)| (f.as_path(), d.as_ref().unwrap_or(&doc))), file)?;
 
     Ok(Chain {
         package_name,
@@ -723,6 +768,7 @@ pub fn load(
         api_key,
         num_ctx,
         request_timeout,
+        edition,
         steps,
     })
 }
@@ -740,6 +786,8 @@ struct Layer {
     system_prompt: Option<PathBuf>,
     num_ctx: Option<u32>,
     request_timeout_secs: Option<u64>,
+    check: Option<CheckSpec>,
+    check_rounds: Option<u32>,
 }
 
 impl Layer {
@@ -766,6 +814,8 @@ impl Layer {
             system_prompt,
             num_ctx: r.positive_u32("num_ctx", "a positive integer number of tokens (e.g. 16384)")?,
             request_timeout_secs: r.positive_u64("request_timeout_secs", "a positive number of seconds (e.g. 600)")?,
+            check: r.check()?,
+            check_rounds: r.check_rounds()?,
         })
     }
 }
@@ -786,6 +836,8 @@ struct RawStep {
     max_steps: Option<u32>,
     protocol: Option<ToolProtocol>,
     system_prompt: Option<PathBuf>,
+    check: Option<CheckSpec>,
+    check_rounds: Option<u32>,
 }
 
 fn parse_steps(meta: &Table, file: &Path, package_dir: &Path) -> Result<Vec<RawStep>, ConfigError> {
@@ -864,6 +916,8 @@ fn parse_steps(meta: &Table, file: &Path, package_dir: &Path) -> Result<Vec<RawS
             temperature: r.temperature()?,
             max_steps: r.max_steps()?,
             protocol: r.protocol()?,
+            check: r.check()?,
+            check_rounds: r.check_rounds()?,
             key: step_key.clone(),
             id,
             prompt,
@@ -1028,6 +1082,32 @@ impl Reader<'_> {
                 Ok(v) if v >= 1 => Ok(Some(v)),
                 _ => Err(self.invalid(name, i, expected)),
             },
+        }
+    }
+
+    fn check(&self) -> Result<Option<CheckSpec>, ConfigError> {
+        let expected = "\"rustc\", \"none\", or a command as an array of strings (e.g. [\"cargo\", \"check\"])";
+        match self.table.get("check") {
+            None => Ok(None),
+            Some(Value::String(s)) if s == "rustc" => Ok(Some(CheckSpec::Rustc)),
+            Some(Value::String(s)) if s == "none" => Ok(Some(CheckSpec::None)),
+            Some(Value::String(s)) => Err(self.invalid("check", format!("{s:?}"), expected)),
+            Some(Value::Array(items)) => {
+                let words: Option<Vec<String>> = items.iter().map(|i| i.as_str().map(str::to_string)).collect();
+                match words {
+                    Some(words) if !words.is_empty() && !words[0].trim().is_empty() => Ok(Some(CheckSpec::Command(words))),
+                    _ => Err(self.invalid("check", Value::Array(items.clone()), expected)),
+                }
+            }
+            Some(other) => Err(self.wrong("check", expected, other)),
+        }
+    }
+
+    fn check_rounds(&self) -> Result<Option<u32>, ConfigError> {
+        let expected = "a non-negative integer (repair rounds after a failed check, e.g. 3)";
+        match self.integer("check_rounds", expected)? {
+            None => Ok(None),
+            Some(i) => u32::try_from(i).map(Some).map_err(|_| self.invalid("check_rounds", i, expected)),
         }
     }
 
@@ -1266,6 +1346,30 @@ type Workspace = (PathBuf, PathBuf, Option<Table>);
 
 /// Finds the workspace the way cargo does: the package's own manifest if it has a
 /// `[workspace]` table, else the nearest `Cargo.toml` with one in the parent folders.
+/// `package.edition`, or the workspace's `workspace.package.edition` when the package
+/// inherits it.
+fn package_edition(doc: &Table, workspace: Option<(&Path, &Table)>, file: &Path) -> Result<String, ConfigError> {
+    match doc.get("package").and_then(|p| p.get("edition")) {
+        None => Ok("2015".into()),
+        Some(Value::String(edition)) => Ok(edition.clone()),
+        Some(Value::Table(t)) if t.get("workspace").and_then(Value::as_bool) == Some(true) => {
+            let inherited = workspace.and_then(|(ws_file, ws)| {
+                let edition = ws.get("workspace")?.get("package")?.get("edition")?.as_str()?;
+                Some((ws_file, edition.to_string()))
+            });
+            match inherited {
+                Some((_, edition)) => Ok(edition),
+                None => Err(ConfigError::Missing {
+                    file: file.into(),
+                    key: "package.edition".into(),
+                    hint: "`edition.workspace = true` needs `[workspace.package] edition = ...` in the workspace's Cargo.toml".into(),
+                }),
+            }
+        }
+        Some(other) => Err(wrong_type(file, "package.edition", "a string such as \"2021\"", other)),
+    }
+}
+
 fn find_workspace(doc: &Table, file: &Path, package_dir: &Path) -> Result<Option<Workspace>, ConfigError> {
     if doc.contains_key("workspace") {
         return Ok(Some((package_dir.to_path_buf(), file.to_path_buf(), None)));

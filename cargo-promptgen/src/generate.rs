@@ -63,6 +63,10 @@ pub struct ChainResult {
     pub steps: Vec<(LockedStep, StepState)>,
     /// Steps that ran in this call.
     pub regenerated: Vec<String>,
+    /// Steps whose results a build had left pending, recorded by this call.
+    pub accepted: Vec<String>,
+    /// Steps the lock recorded that the manifest no longer declares, removed by this call.
+    pub removed: Vec<String>,
     /// The tree after the last step.
     pub tree: Files,
 }
@@ -89,7 +93,13 @@ pub fn regenerate(
         Destination::Committed => records.lock.clone(),
         Destination::Pending => records.pending.clone().unwrap_or_else(|| records.lock.clone()),
     };
-    let mut result = ChainResult { steps: Vec::new(), regenerated: Vec::new(), tree: Files::new() };
+    let mut result = ChainResult {
+        steps: Vec::new(),
+        regenerated: Vec::new(),
+        accepted: Vec::new(),
+        removed: Vec::new(),
+        tree: Files::new(),
+    };
     for step in &chain.steps {
         let previous = match result.steps.last() {
             None => Previous::First,
@@ -120,10 +130,19 @@ pub fn regenerate(
             }
             state => {
                 let entry = assessed.entry.clone().expect("a usable step has its entry");
-                if destination == Destination::Pending && state == StepState::Fresh {
+                match (destination, &state) {
                     // Keep the pending lock whole: it is accepted as one.
-                    target_lock.upsert(entry.clone(), &order);
+                    (Destination::Pending, StepState::Fresh) => target_lock.upsert(entry.clone(), &order),
+                    // A build already made this result: record it as `accept` would.
+                    (Destination::Committed, StepState::Pending) => {
+                        records.pending_store.copy_step(&step.id, &assessed.files, &target_store)?;
+                        target_lock.upsert(entry.clone(), &order);
+                        target_lock.write(&target_lock_path)?;
+                        result.accepted.push(step.id.clone());
+                    }
+                    _ => {}
                 }
+                let state = if destination == Destination::Committed { StepState::Fresh } else { state };
                 (entry, assessed.files.clone(), state)
             }
         };
@@ -138,9 +157,13 @@ pub fn regenerate(
             records.lock = target_lock.clone();
         }
     }
-    if destination == Destination::Pending && !result.regenerated.is_empty() {
-        target_lock.steps.retain(|s| order.contains(&s.id));
-        target_lock.write(&target_lock_path)?;
+    match destination {
+        Destination::Pending if !result.regenerated.is_empty() => {
+            target_lock.steps.retain(|s| order.contains(&s.id));
+            target_lock.write(&target_lock_path)?;
+        }
+        Destination::Committed => result.removed = forget_removed_steps(chain, layout, &mut target_lock)?,
+        Destination::Pending => {}
     }
     Ok(result)
 }
@@ -182,7 +205,7 @@ fn run_step(
 
     let prompt = codegen_core::fs::read_to_string(&step.prompt)?;
     let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
-    core_step.max_steps(step.max_steps).protocol(step.protocol);
+    core_step.max_steps(step.max_steps).protocol(step.protocol).check_rounds(step.check_rounds);
     if let Some(path) = &step.system_prompt {
         core_step.system_prompt(codegen_core::fs::read_to_string(path)?);
     }
@@ -204,9 +227,12 @@ fn run_step(
             progress(Progress::ModelCall { id: step.id.clone(), number: *number, tokens, elapsed: started.elapsed() });
         }
     };
-    let output = core_step
-        .run_observed(backend.as_mut(), &mut sandbox, &mut observer)
-        .map_err(|source| Error::Step { id: step.id.clone(), source })?;
+    let check = crate::check::check_for(chain, step, &scratch.path().join("check"));
+    let output = match check {
+        Some(mut check) => core_step.run_checked(backend.as_mut(), &mut sandbox, check.as_mut(), &mut observer),
+        None => core_step.run_observed(backend.as_mut(), &mut sandbox, &mut observer),
+    }
+    .map_err(|source| Error::Step { id: step.id.clone(), source })?;
 
     let mut files = Files::new();
     for path in &output.written {
@@ -221,6 +247,7 @@ fn run_step(
         prompt_tokens: totals.prompt_tokens,
         completion_tokens: totals.completion_tokens,
         repairs: totals.repairs,
+        check_rounds: totals.check_rounds,
         fingerprint: assessed.fingerprint.clone(),
         files: files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect(),
     };
@@ -256,8 +283,31 @@ pub fn accept(chain: &Chain, layout: &Layout) -> Result<AcceptReport, Error> {
             report.outdated.push(assessed.id.clone());
         }
     }
+    forget_removed_steps(chain, layout, &mut lock)?;
     discard_pending(layout)?;
     Ok(report)
+}
+
+/// Drops the steps that the manifest no longer declares from `lock` (written back) and
+/// their folders and transcripts from the committed store; returns their ids.
+fn forget_removed_steps(chain: &Chain, layout: &Layout, lock: &mut Lock) -> Result<Vec<String>, Error> {
+    let removed: Vec<String> =
+        lock.steps.iter().filter(|s| chain.step(&s.id).is_none()).map(|s| s.id.clone()).collect();
+    lock.steps.retain(|s| chain.step(&s.id).is_some());
+    lock.write(&layout.lock_path())?;
+    let store = layout.store();
+    for id in &removed {
+        let dir = store.step_dir(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| codegen_core::fs::FsError { op: "remove", path: dir, source: e })?;
+        }
+        let transcript = store.transcript_path(id);
+        if transcript.exists() {
+            std::fs::remove_file(&transcript)
+                .map_err(|e| codegen_core::fs::FsError { op: "remove", path: transcript, source: e })?;
+        }
+    }
+    Ok(removed)
 }
 
 /// Removes the pending area of the package.

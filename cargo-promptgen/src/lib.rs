@@ -77,6 +77,7 @@
 #![deny(missing_docs)]
 
 pub mod build_script;
+pub mod check;
 pub mod config;
 pub mod error;
 pub mod generate;

@@ -47,8 +47,11 @@ pub struct LockedStep {
     pub prompt_tokens: u64,
     /// Completion tokens, as the server reported them (0 for a script).
     pub completion_tokens: u64,
-    /// Repair turns the model needed.
+    /// Repair turns the model needed (check rounds included).
     pub repairs: u32,
+    /// Failed checks answered with a repair round.
+    #[serde(default)]
+    pub check_rounds: u32,
     /// Everything that went into the key.
     pub fingerprint: Fingerprint,
     /// The files the step wrote, with their hashes.
@@ -79,6 +82,9 @@ pub struct Fingerprint {
     pub system_prompt: Option<String>,
     /// Hash of the loop's instructions and tool definitions (see `codegen_core::run::contract`).
     pub contract: String,
+    /// The check the output must pass (`rustc`, a command), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
     /// Hash of the script, for the scripted backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
@@ -197,6 +203,7 @@ mod tests {
             prompt: sha256_hex(b"prompt"),
             system_prompt: None,
             contract: sha256_hex(b"contract"),
+            check: Some("rustc".into()),
             script: Some(sha256_hex(b"script")),
             outputs: vec!["view.rs".into()],
             inputs: BTreeMap::from([("src/domain.rs".to_string(), sha256_hex(b"domain"))]),
@@ -211,6 +218,7 @@ mod tests {
                 prompt_tokens: 0,
                 completion_tokens: 0,
                 repairs: 0,
+                check_rounds: 0,
                 fingerprint,
                 files: vec![LockedFile { path: "view.rs".into(), sha256: sha256_hex(b"view") }],
             }],

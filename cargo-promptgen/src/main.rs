@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
 #[derive(Parser, Debug)]
-#[command(name = "cargo promptgen", bin_name = "cargo promptgen", version, about)]
+#[command(name = "cargo promptgen", bin_name = "cargo promptgen", version, about, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -247,6 +247,12 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     generate::discard_pending(&layout)?;
     eprintln!();
     print_status(&chain, &layout)?;
+    if !result.accepted.is_empty() {
+        eprintln!("Recorded steps {} from the results a build left pending.", result.accepted.join(", "));
+    }
+    if !result.removed.is_empty() {
+        eprintln!("Removed steps {} that Cargo.toml no longer declares.", result.removed.join(", "));
+    }
     eprintln!(
         "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
         result.regenerated.len(),
@@ -263,7 +269,16 @@ fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
     for path in &report.unowned {
         println!("warning: promptgen/{path} belongs to no step in promptgen.lock; delete it if it is a leftover");
     }
+    for id in &report.removed {
+        println!(
+            "promptgen.lock records step {id}, which Cargo.toml no longer declares; `cargo promptgen -p {}` removes it and promptgen/{id}/",
+            chain.package_name
+        );
+    }
     if report.stale.is_empty() {
+        if !report.removed.is_empty() {
+            return Ok(ExitCode::from(1));
+        }
         println!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
         return Ok(ExitCode::SUCCESS);
     }
@@ -292,8 +307,8 @@ fn status(selection: &Selection) -> anyhow::Result<ExitCode> {
 
 fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
     let rows = report::status(chain, layout)?;
-    let header = ["step", "prompt", "state", "files", "backend", "model", "calls", "tokens", "repairs"];
-    let cells: Vec<[String; 9]> = rows
+    let header = ["step", "prompt", "state", "files", "backend", "model", "calls", "tokens", "repairs", "check_rounds"];
+    let cells: Vec<[String; 10]> = rows
         .iter()
         .map(|r| {
             let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -307,6 +322,7 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
                 opt(r.model_calls.map(|v| v.to_string())),
                 opt(r.tokens.map(|v| v.to_string())),
                 opt(r.repairs.map(|v| v.to_string())),
+                opt(r.check_rounds.map(|v| v.to_string())),
             ]
         })
         .collect();

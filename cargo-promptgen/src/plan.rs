@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use codegen_core::fs;
 
-use crate::config::{Chain, StepConfig};
+use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::{Error, StaleStep};
 use crate::layout::{Layout, Store};
 use crate::lock::{sha256_hex, Fingerprint, Lock, LockedStep};
@@ -194,7 +194,8 @@ pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -
         temperature: step.temperature,
         prompt: hash_file(&step.prompt)?,
         system_prompt: step.system_prompt.as_deref().map(hash_file).transpose()?,
-        contract: sha256_hex(codegen_core::run::contract(step.protocol, false).as_bytes()),
+        contract: sha256_hex(codegen_core::run::contract(step.protocol, step.check != CheckSpec::None).as_bytes()),
+        check: (step.check != CheckSpec::None).then(|| step.check.describe()),
         script: match (&step.script, chain.backend) {
             (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(hash_file(script)?),
             _ => None,
@@ -246,6 +247,10 @@ pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> 
     }
     if recorded.contract != now.contract {
         reasons.push("the tool definitions or the loop's instructions changed (codegen-core was updated)".into());
+    }
+    if recorded.check != now.check {
+        let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
+        reasons.push(format!("check changed: {} -> {}", show(&recorded.check), show(&now.check)));
     }
     if recorded.script != now.script {
         reasons.push("its script changed".into());

@@ -13,6 +13,8 @@ pub struct CheckReport {
     pub stale: Vec<StaleStep>,
     /// Steps whose results wait in the pending area.
     pub pending: Vec<String>,
+    /// Steps the lock records that the manifest no longer declares.
+    pub removed: Vec<String>,
     /// Stored files or folders that no step owns.
     pub unowned: Vec<String>,
 }
@@ -20,7 +22,7 @@ pub struct CheckReport {
 impl CheckReport {
     /// Whether the committed lock and store are complete and current.
     pub fn is_fresh(&self) -> bool {
-        self.stale.is_empty() && self.pending.is_empty()
+        self.stale.is_empty() && self.pending.is_empty() && self.removed.is_empty()
     }
 }
 
@@ -32,8 +34,18 @@ pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
     let assessed = plan(chain, &records)?;
     let stale = stale_steps(&assessed);
     let pending = stale.iter().filter(|s| pending_ids.contains(&s.id)).map(|s| s.id.clone()).collect();
-    let unowned = records.store.unowned(&records.lock);
-    Ok(CheckReport { stale, pending, unowned })
+    let removed: Vec<String> =
+        records.lock.steps.iter().filter(|s| chain.step(&s.id).is_none()).map(|s| s.id.clone()).collect();
+    let mut declared = records.lock.clone();
+    declared.steps.retain(|s| chain.step(&s.id).is_some());
+    let unowned =
+        records.store.unowned(&declared).into_iter().filter(|path| !removed.iter().any(|id| owned_by(path, id))).collect();
+    Ok(CheckReport { stale, pending, removed, unowned })
+}
+
+/// Whether the store path `path` is step `id`'s folder, something in it, or its transcript.
+fn owned_by(path: &str, id: &str) -> bool {
+    path == id || path.starts_with(&format!("{id}/")) || path == format!("{id}.transcript.jsonl")
 }
 
 /// One line of `cargo promptgen status`.
@@ -59,6 +71,8 @@ pub struct StatusRow {
     pub tokens: Option<u64>,
     /// Repair turns of the recorded run.
     pub repairs: Option<u32>,
+    /// Failed compile checks of the recorded run, each answered with a repair round.
+    pub check_rounds: Option<u32>,
 }
 
 /// The status of every step.
@@ -87,6 +101,7 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
                 model_calls: recorded.map(|e| e.model_calls),
                 tokens: recorded.map(|e| e.prompt_tokens + e.completion_tokens),
                 repairs: recorded.map(|e| e.repairs),
+                check_rounds: recorded.map(|e| e.check_rounds),
             }
         })
         .collect())

@@ -43,14 +43,14 @@ outputs = ["c.rs"]
 #[test]
 fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     let server = FakeLlm::start(vec![
-        write("a.rs", "fn a() -> &'static str { \"a\" }\n"),
+        write("a.rs", "pub fn a() -> &'static str { \"a\" }\n"),
         finish(),
-        write("b.rs", "fn b() -> String { format!(\"{}b1\", a()) }\n"),
+        write("b.rs", "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n"),
         finish(),
-        write("c.rs", "fn c() -> String { format!(\"{}c\", b()) }\n"),
+        write("c.rs", "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n"),
         finish(),
     ]);
-    let package = Package::new(METADATA, &["a.rs", "b.rs", "c.rs"], "println!(\"{}\", c());");
+    let package = Package::new(METADATA, "println!(\"{}\", generated::c::c());");
     package.write("prompts/01.md", "Write the file a.rs with fn a.\n");
     package.write("prompts/02.md", "Write the file b.rs with fn b using a.\n");
     package.write("prompts/03.md", "Write the file c.rs with fn c using b.\n");
@@ -63,7 +63,7 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     let lock = package.read("promptgen.lock");
     assert!(lock.starts_with("# @generated"), "{lock}");
     assert_eq!(lock.matches("[[step]]").count(), 3, "{lock}");
-    assert_eq!(package.read("promptgen/02/b.rs"), "fn b() -> String { format!(\"{}b1\", a()) }\n");
+    assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n");
     let transcript = package.read("promptgen/02.transcript.jsonl");
     assert!(transcript.contains("\"write_file\"") && !transcript.contains("duration_ms"), "{transcript}");
 
@@ -89,16 +89,16 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     assert_eq!(server.requests().len(), 6, "an offline build calls no model");
 
     // 5. An online build regenerates 02 and 03 into the pending area and says so.
-    server.push(write("b.rs", "fn b() -> String { format!(\"{}b2\", a()) }\n"));
+    server.push(write("b.rs", "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n"));
     server.push(finish());
-    server.push(write("c.rs", "fn c() -> String { format!(\"{}c\", b()) }\n"));
+    server.push(write("c.rs", "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n"));
     server.push(finish());
     let out = run(package.cargo(&["build"]).env("PROMPTGEN_BASE_URL", &url));
     assert!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cargo promptgen accept"), "{stderr}");
     assert_eq!(server.requests().len(), 10);
-    assert_eq!(package.read("promptgen/02/b.rs"), "fn b() -> String { format!(\"{}b1\", a()) }\n", "the build never writes the package");
+    assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n", "the build never writes the package");
     let out = run(package.cargo(&["run", "--quiet"]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ab2c", "{}", text(&out));
     assert_eq!(server.requests().len(), 10, "pending results are reused, not regenerated");
@@ -106,10 +106,10 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     // 6. `diff` shows what changed; `accept` records it without calling a model.
     let out = run(&mut package.promptgen(&["diff"]));
     let diff = String::from_utf8_lossy(&out.stdout);
-    assert!(diff.contains("-fn b() -> String { format!(\"{}b1\", a()) }") && diff.contains("+fn b() -> String { format!(\"{}b2\", a()) }"), "{diff}");
+    assert!(diff.contains("-pub fn b() -> String { format!(\"{}b1\", super::a::a()) }") && diff.contains("+pub fn b() -> String { format!(\"{}b2\", super::a::a()) }"), "{diff}");
     let out = run(&mut package.promptgen(&["accept"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert_eq!(package.read("promptgen/02/b.rs"), "fn b() -> String { format!(\"{}b2\", a()) }\n");
+    assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 10);

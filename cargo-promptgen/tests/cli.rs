@@ -58,10 +58,10 @@ prompt = "prompts/03.md"
 outputs = ["c.rs"]
 "#;
 
-const A1: &str = "fn a() -> &'static str { \"a1\" }\n";
-const A2: &str = "fn a() -> &'static str { \"a2\" }\n";
-const B: &str = "fn b() -> String { format!(\"{}b\", a()) }\n";
-const C: &str = "fn c() -> String { format!(\"{}c\", b()) }\n";
+const A1: &str = "pub fn a() -> &'static str { \"a1\" }\n";
+const A2: &str = "pub fn a() -> &'static str { \"a2\" }\n";
+const B: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
+const C: &str = "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n";
 
 fn one_run() -> Vec<Reply> {
     vec![write("a.rs", A1), finish(), write("b.rs", B), finish(), write("c.rs", C), finish()]
@@ -69,7 +69,7 @@ fn one_run() -> Vec<Reply> {
 
 /// A three-step package recorded once against `server` (which must hold [`one_run`]).
 fn three_step_package(server: &FakeLlm) -> Package {
-    let package = Package::new(THREE_STEPS, &["a.rs", "b.rs", "c.rs"], "println!(\"{}\", c());");
+    let package = Package::new(THREE_STEPS, "println!(\"{}\", generated::c::c());");
     package.write("src/domain.rs", "pub struct Domain;\n");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
@@ -218,7 +218,7 @@ inputs = ["src/domain.rs", "docs"]
 "#;
 
 fn one_step_package(server: &FakeLlm) -> Package {
-    let package = Package::new(ONE_STEP, &[], "");
+    let package = Package::new(ONE_STEP, "");
     package.write("src/domain.rs", "pub struct Domain;\n");
     package.write("docs/guide.md", "Be brief.\n");
     package.write("prompts/system.md", "You write Rust.\n");
@@ -375,7 +375,7 @@ fn the_base_url_flag_beats_promptgen_base_url_beats_ollama_host_beats_the_metada
 
 #[test]
 fn metadata_errors_name_the_key_and_the_file() {
-    let package = Package::new(ONE_STEP, &[], "");
+    let package = Package::new(ONE_STEP, "");
     package.write("src/domain.rs", "pub struct Domain;\n");
     package.write("docs/guide.md", "Be brief.\n");
     package.write("prompts/system.md", "You write Rust.\n");
@@ -418,7 +418,7 @@ fn metadata_errors_name_the_key_and_the_file() {
 
 #[test]
 fn an_unknown_flag_is_a_usage_error() {
-    let package = Package::new(ONE_STEP, &[], "");
+    let package = Package::new(ONE_STEP, "");
     for args in [&["--frobnicate"][..], &["check", "--frobnicate"][..], &["explode"][..]] {
         let out = run(&mut package.promptgen(args));
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
@@ -457,7 +457,7 @@ fn check_warns_about_stored_files_no_step_owns_and_still_passes() {
 fn check_fails_on_a_hand_edited_stored_file_and_names_it() {
     let server = FakeLlm::start(one_run());
     let package = three_step_package(&server);
-    package.write("promptgen/01/a.rs", "fn a() -> &'static str { \"edited\" }\n");
+    package.write("promptgen/01/a.rs", "pub fn a() -> &'static str { \"edited\" }\n");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let report = stdout(&out);
@@ -471,7 +471,7 @@ fn check_fails_on_a_hand_edited_stored_file_and_names_it() {
 #[test]
 fn a_ci_build_with_a_stale_step_fails_without_calling_a_model() {
     let server = FakeLlm::start(one_run());
-    let package = Package::new(THREE_STEPS, &["a.rs", "b.rs", "c.rs"], "println!(\"{}\", c());");
+    let package = Package::new(THREE_STEPS, "println!(\"{}\", generated::c::c());");
     package.write("src/domain.rs", "pub struct Domain;\n");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
@@ -488,9 +488,8 @@ fn a_ci_build_with_a_stale_step_fails_without_calling_a_model() {
 }
 
 #[test]
-#[ignore = "bug: options of `run` given before a subcommand (`--force check`, `--model x status`) are accepted and silently ignored"]
 fn options_of_run_before_another_subcommand_are_a_usage_error() {
-    let package = Package::new(ONE_STEP, &[], "");
+    let package = Package::new(ONE_STEP, "");
     package.write("src/domain.rs", "pub struct Domain;\n");
     package.write("docs/guide.md", "Be brief.\n");
     package.write("prompts/system.md", "You write Rust.\n");
@@ -504,7 +503,6 @@ fn options_of_run_before_another_subcommand_are_a_usage_error() {
 }
 
 #[test]
-#[ignore = "bug: a step removed from the manifest stays in promptgen.lock and its stored files are never reported"]
 fn a_step_removed_from_the_manifest_leaves_the_lock_and_is_reported() {
     let server = FakeLlm::start(one_run());
     let package = three_step_package(&server);
@@ -514,12 +512,18 @@ fn a_step_removed_from_the_manifest_leaves_the_lock_and_is_reported() {
     assert!(manifest.contains(third), "{manifest}");
     package.write("Cargo.toml", &manifest.replacen(third, "\n", 1));
 
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(1), "the lock no longer matches the manifest: {}", text(&out));
+    assert!(stdout(&out).contains("promptgen.lock records step 03, which Cargo.toml no longer declares"), "{}", text(&out));
+
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 6, "02 and 01 are still fresh");
     let lock = package.read("promptgen.lock");
     assert!(!lock.contains("id = \"03\""), "the lock records a step the chain no longer has:\n{lock}");
+    assert!(!package.path("promptgen/03").exists(), "run removes the folder of a step it no longer has");
+    assert!(!package.path("promptgen/03.transcript.jsonl").exists());
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(stdout(&out).contains("warning: promptgen/03 belongs to no step"), "{}", text(&out));
+    assert!(!stdout(&out).contains("warning"), "{}", text(&out));
 }

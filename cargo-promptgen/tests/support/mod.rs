@@ -13,8 +13,9 @@ pub struct Package {
 
 impl Package {
     /// A package named `pg-e2e-<unique>` whose build script calls cargo-promptgen and whose
-    /// `main` includes the generated files `files` (in this order) and runs `main_body`.
-    pub fn new(metadata: &str, files: &[&str], main_body: &str) -> Package {
+    /// `main` mounts the generated modules under `generated` (the crate convention) and runs
+    /// `main_body`.
+    pub fn new(metadata: &str, main_body: &str) -> Package {
         let dir = tempfile::Builder::new().prefix("pg-e2e-").tempdir().unwrap();
         let name = format!("pg-e2e-{}", fastish_id());
         let promptgen = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -41,10 +42,10 @@ cargo-promptgen = {{ path = "{}", default-features = false }}
         )
         .unwrap();
         std::fs::create_dir_all(dir.path().join("src")).unwrap();
-        let includes: String =
-            files.iter().map(|f| format!("include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/{f}\"));\n")).collect();
-        std::fs::write(dir.path().join("src/main.rs"), format!("{includes}\nfn main() {{\n    {main_body}\n}}\n"))
-            .unwrap();
+        let main = format!(
+            "#[allow(dead_code)]\nmod generated {{\n    include!(concat!(env!(\"OUT_DIR\"), \"/promptgen.rs\"));\n}}\n\nfn main() {{\n    {main_body}\n}}\n"
+        );
+        std::fs::write(dir.path().join("src/main.rs"), main).unwrap();
         Package { dir, name }
     }
 
