@@ -105,6 +105,14 @@ impl Arguments {
         }
         match serde_json::from_str::<Value>(text) {
             Ok(value) => Arguments::from_value_with_raw(value, text),
+            // Models often put raw line breaks and tabs inside JSON strings (code, above all).
+            // That has one meaning only, so read it rather than spend a model call on a repair.
+            Err(err) if err.is_syntax() => match escape_control_characters_in_strings(text)
+                .and_then(|fixed| serde_json::from_str::<Value>(&fixed).ok())
+            {
+                Some(value) => Arguments::from_value_with_raw(value, text),
+                None => Arguments::Malformed { raw: text.to_owned(), error: format!("not valid JSON: {err}") },
+            },
             Err(err) => Arguments::Malformed { raw: text.to_owned(), error: format!("not valid JSON: {err}") },
         }
     }
@@ -150,6 +158,38 @@ impl Arguments {
     }
 }
 
+/// `text` with every raw control character inside a JSON string escaped (`\n`, `\t`,
+/// `\u0001`...), or `None` when there was none to escape.
+fn escape_control_characters_in_strings(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut in_string, mut escaped, mut changed) = (false, false, false);
+    for c in text.chars() {
+        if in_string && !escaped && c.is_control() && (c as u32) < 0x20 {
+            changed = true;
+            match c {
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                other => out.push_str(&format!("\\u{:04x}", other as u32)),
+            }
+            continue;
+        }
+        out.push(c);
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        }
+    }
+    changed.then_some(out)
+}
+
 /// A short English name for the kind of a JSON value, for error messages.
 pub(crate) fn json_kind(value: &Value) -> &'static str {
     match value {
@@ -171,4 +211,27 @@ pub struct ToolSpec {
     pub description: &'static str,
     /// A JSON schema of its arguments.
     pub parameters: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_line_breaks_inside_strings_are_read_as_escapes() {
+        let text = "{\"path\": \"a.py\", \"content\": \"def f():\n\treturn 1\n\"}";
+        let expected = serde_json::json!({"path": "a.py", "content": "def f():\n\treturn 1\n"});
+        assert_eq!(Arguments::from_json_text(text), Arguments::Object(expected.as_object().unwrap().clone()));
+    }
+
+    #[test]
+    fn other_broken_json_stays_malformed_and_keeps_its_text() {
+        for text in ["{\"path\": ", "{\"a\": \"x\n\" \"b\"}", "[1, 2]", "\"just a string\""] {
+            match Arguments::from_json_text(text) {
+                Arguments::Malformed { raw, .. } => assert_eq!(raw, text),
+                other => panic!("{text:?} gave {other:?}"),
+            }
+        }
+        assert_eq!(Arguments::from_json_text("  "), Arguments::Object(Map::new()));
+    }
 }

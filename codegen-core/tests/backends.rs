@@ -181,7 +181,7 @@ fn openai_arguments_as_string_empty_string_object_and_invalid_text() {
 }
 
 #[test]
-fn openai_echoes_calls_as_json_text_with_type_function_and_null_content() {
+fn openai_echoes_calls_as_json_text_with_type_function_and_string_content() {
     let server = FakeLlm::start(vec![Reply::turn(Turn::text("done"))]);
     let mut backend = openai(&server);
     let call = ToolCall { id: "call_1".into(), name: "read_file".into(), arguments: object(json!({"path": "a.rs"})) };
@@ -192,7 +192,7 @@ fn openai_echoes_calls_as_json_text_with_type_function_and_null_content() {
     let body = server.requests()[0].json();
     assert_eq!(
         body["messages"][2],
-        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a.rs\"}"}}]})
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a.rs\"}"}}]})
     );
     assert_eq!(body["messages"][3], json!({"role": "tool", "content": "fn a() {}", "tool_call_id": "call_1"}));
 }

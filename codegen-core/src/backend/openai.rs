@@ -143,8 +143,10 @@ struct WireTool<'a> {
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: Role,
-    /// `null` for an assistant turn that only calls tools, as OpenAI itself sends it.
-    content: Option<&'a str>,
+    /// Always a string, `""` for an assistant turn that only calls tools: OpenAI takes `null`
+    /// there too, but llama-cpp-python's request validation rejects it with a 500 (seen
+    /// against a real server in `cargo-promptgen/tests/real_llm.rs`).
+    content: &'a str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireCallOut<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -153,10 +155,9 @@ struct WireMessage<'a> {
 
 impl<'a> WireMessage<'a> {
     fn from_message(message: &'a Message) -> WireMessage<'a> {
-        let tool_only = message.role == Role::Assistant && message.content.is_empty() && !message.tool_calls.is_empty();
         WireMessage {
             role: message.role,
-            content: (!tool_only).then_some(message.content.as_str()),
+            content: &message.content,
             tool_calls: message
                 .tool_calls
                 .iter()
