@@ -97,14 +97,25 @@ pub enum Error {
 /// prints the readable text rather than a struct dump.
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)?;
-        let mut source = std::error::Error::source(self);
-        while let Some(cause) = source {
-            write!(f, "\ncaused by: {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
+        f.write_str(&report(self))
     }
+}
+
+/// The error and those of its causes that its message does not already include, one per
+/// line: several messages here quote their cause, which a plain walk of the chain would
+/// then print twice (and a compiler's diagnostics with it).
+pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str("\ncaused by: ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// A step that must run again, and why.

@@ -96,7 +96,7 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cargo_promptgen::error::report(err.as_ref()));
             ExitCode::from(1)
         }
     }

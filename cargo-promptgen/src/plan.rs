@@ -194,8 +194,13 @@ pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -
         temperature: step.temperature,
         prompt: hash_file(&step.prompt)?,
         system_prompt: step.system_prompt.as_deref().map(hash_file).transpose()?,
-        contract: sha256_hex(codegen_core::run::contract(step.protocol, step.check != CheckSpec::None).as_bytes()),
-        check: (step.check != CheckSpec::None).then(|| step.check.describe()),
+        contract: contract_hash(step.protocol, step.check != CheckSpec::None),
+        check: match &step.check {
+            CheckSpec::None => None,
+            // The edition decides what compiles, so it is part of what the check is.
+            CheckSpec::Rustc => Some(format!("rustc --edition={}", chain.edition)),
+            command => Some(command.describe()),
+        },
         script: match (&step.script, chain.backend) {
             (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(hash_file(script)?),
             _ => None,
@@ -204,6 +209,18 @@ pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -
         inputs,
         previous,
     })
+}
+
+/// The hash of what the loop tells a model under `protocol`, with or without a check.
+fn contract_hash(protocol: codegen_core::ToolProtocol, with_check: bool) -> String {
+    sha256_hex(codegen_core::run::contract(protocol, with_check).as_bytes())
+}
+
+/// The protocol a fingerprint names.
+fn protocol_named(name: &str) -> Option<codegen_core::ToolProtocol> {
+    [codegen_core::ToolProtocol::Native, codegen_core::ToolProtocol::Json, codegen_core::ToolProtocol::Blocks]
+        .into_iter()
+        .find(|p| protocol_name(*p) == name)
 }
 
 /// The name of a protocol as configuration spells it.
@@ -245,7 +262,10 @@ pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> 
         (Some(_), None) => reasons.push("the system prompt was removed".into()),
         _ => reasons.push("the system prompt changed".into()),
     }
-    if recorded.contract != now.contract {
+    // The contract follows from the protocol and whether there is a check; blame codegen-core
+    // only when the recorded settings would give another contract today.
+    let contract_today = protocol_named(&recorded.protocol).map(|p| contract_hash(p, recorded.check.is_some()));
+    if contract_today.as_ref() != Some(&recorded.contract) {
         reasons.push("the tool definitions or the loop's instructions changed (codegen-core was updated)".into());
     }
     if recorded.check != now.check {

@@ -222,7 +222,7 @@ pub enum Error {
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     /// The output never passed its check.
-    #[error("the files still fail `{check}` after {rounds} repair rounds; its last messages:\n{diagnostics}")]
+    #[error("the files still fail `{check}` after {rounds} repair round{}; its last messages:\n{diagnostics}", if *rounds == 1 { "" } else { "s" })]
     CheckFailed {
         /// The check's name.
         check: String,
