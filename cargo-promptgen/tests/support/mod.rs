@@ -104,8 +104,7 @@ pub fn shared_target() -> PathBuf {
 }
 
 pub fn run(command: &mut Command) -> Output {
-    let output = command.output().unwrap();
-    output
+    command.output().unwrap()
 }
 
 pub fn text(output: &Output) -> String {
