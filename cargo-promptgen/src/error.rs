@@ -19,7 +19,7 @@ pub enum Error {
     Fs(#[from] FsError),
     /// The `[package.metadata.promptgen]` declaration is wrong.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(Box<ConfigError>),
     /// `promptgen.lock` cannot be read.
     #[error("the lock `{}` is damaged: {detail}\nRestore it from version control (`git checkout -- promptgen.lock`), or record every step again with `cargo promptgen --force`.", path.display())]
     DamagedLock {
@@ -45,7 +45,7 @@ pub enum Error {
         id: String,
         /// What went wrong, with the step's transcript.
         #[source]
-        source: codegen_core::StepFailure,
+        source: Box<codegen_core::StepFailure>,
     },
     /// The backend could not be opened.
     #[error("step `{id}`: {source}")]
@@ -91,6 +91,12 @@ pub enum Error {
         /// What to do.
         hint: &'static str,
     },
+}
+
+impl From<ConfigError> for Error {
+    fn from(error: ConfigError) -> Error {
+        Error::Config(Box::new(error))
+    }
 }
 
 /// Shown as the error's message, so that `fn main() -> Result<(), Error>` in a build script

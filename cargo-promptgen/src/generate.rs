@@ -48,7 +48,7 @@ pub enum Progress {
         /// The step.
         id: String,
         /// Its lock entry.
-        entry: LockedStep,
+        entry: Box<LockedStep>,
         /// Notes from the loop (e.g. a protocol fallback).
         notes: Vec<String>,
         /// Wall time.
@@ -118,7 +118,7 @@ pub fn regenerate(
                 result.regenerated.push(step.id.clone());
                 progress(Progress::StepDone {
                     id: step.id.clone(),
-                    entry: ran.entry.clone(),
+                    entry: Box::new(ran.entry.clone()),
                     notes: ran.notes,
                     elapsed: started.elapsed(),
                 });
@@ -232,7 +232,7 @@ fn run_step(
         Some(mut check) => core_step.run_checked(backend.as_mut(), &mut sandbox, check.as_mut(), &mut observer),
         None => core_step.run_observed(backend.as_mut(), &mut sandbox, &mut observer),
     }
-    .map_err(|source| Error::Step { id: step.id.clone(), source })?;
+    .map_err(|source| Error::Step { id: step.id.clone(), source: Box::new(source) })?;
 
     let mut files = Files::new();
     for path in &output.written {

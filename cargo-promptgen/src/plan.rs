@@ -111,11 +111,10 @@ pub fn assess(
             Err(other) => return Err(other),
         }
     }
-    if let Some(entry) = records.pending.as_ref().and_then(|p| p.step(&step.id)).filter(|e| e.key == key) {
-        if let Ok(files) = records.pending_store.load(entry) {
+    if let Some(entry) = records.pending.as_ref().and_then(|p| p.step(&step.id)).filter(|e| e.key == key)
+        && let Ok(files) = records.pending_store.load(entry) {
             return Ok(usable(step, fingerprint, StepState::Pending, entry, files));
         }
-    }
     let reasons = match (damaged, committed) {
         (Some(damage), _) => vec![damage],
         (None, Some(entry)) => {

@@ -110,15 +110,14 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
 /// A unified diff from the committed outputs to the pending ones, for every step with
 /// pending results (or only `step`). Empty when nothing is pending.
 pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String, Error> {
-    if let Some(id) = step {
-        if chain.step(id).is_none() {
+    if let Some(id) = step
+        && chain.step(id).is_none() {
             return Err(Error::UnknownStep {
                 id: id.to_string(),
                 package: chain.package_name.clone(),
                 known: chain.steps.iter().map(|s| s.id.clone()).collect(),
             });
         }
-    }
     let records = Records::read(layout)?;
     let Some(pending) = &records.pending else { return Ok(String::new()) };
     let mut out = String::new();

@@ -75,10 +75,7 @@ impl Store {
 
     /// Copies step `id`'s folder and transcript from `self` into `other`.
     pub fn copy_step(&self, id: &str, files: &Files, other: &Store) -> Result<(), Error> {
-        let transcript = match std::fs::read_to_string(self.transcript_path(id)) {
-            Ok(text) => text,
-            Err(_) => String::new(),
-        };
+        let transcript = std::fs::read_to_string(self.transcript_path(id)).unwrap_or_default();
         other.save(id, files, &transcript)
     }
 

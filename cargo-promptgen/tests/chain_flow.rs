@@ -5,17 +5,8 @@
 
 mod support;
 
-use promptgen_tests::{FakeLlm, Reply, Turn};
-use serde_json::json;
-use support::{run, text, Package};
-
-fn write(path: &str, content: &str) -> Reply {
-    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
-}
-
-fn finish() -> Reply {
-    Reply::turn(Turn::call("finish", json!({"summary": "done"})))
-}
+use promptgen_tests::FakeLlm;
+use support::{Package, finish, run, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

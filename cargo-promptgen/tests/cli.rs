@@ -5,34 +5,9 @@
 
 mod support;
 
-use std::process::Output;
 
-use promptgen_tests::{refused_url, FakeLlm, Reply, Turn};
-use serde_json::json;
-use support::{run, text, Package};
-
-fn write(path: &str, content: &str) -> Reply {
-    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
-}
-
-fn finish() -> Reply {
-    Reply::turn(Turn::call("finish", json!({"summary": "done"})))
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Replaces the one occurrence of `from` in the package file `rel` with `to`.
-fn edit(package: &Package, rel: &str, from: &str, to: &str) {
-    let old = package.read(rel);
-    assert_eq!(old.matches(from).count(), 1, "`{from}` should occur once in {rel}:\n{old}");
-    package.write(rel, &old.replacen(from, to, 1));
-}
+use promptgen_tests::{refused_url, FakeLlm, Reply};
+use support::{Package, edit, finish, run, stderr, stdout, text, write};
 
 const THREE_STEPS: &str = r#"
 [package.metadata.promptgen]

@@ -7,40 +7,14 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Output;
 
 use cargo_promptgen::lock::{Lock, LockedStep};
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::{json, Value};
-use support::{run, text, Package};
-
-fn write(path: &str, content: &str) -> Reply {
-    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
-}
-
-fn finish() -> Reply {
-    Reply::turn(Turn::call("finish", json!({"summary": "done"})))
-}
+use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 fn check() -> Reply {
     Reply::turn(Turn::call("check", json!({})))
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Replaces the one occurrence of `from` in the package file `rel` with `to`.
-fn edit(package: &Package, rel: &str, from: &str, to: &str) {
-    let old = package.read(rel);
-    assert_eq!(old.matches(from).count(), 1, "`{from}` should occur once in {rel}:\n{old}");
-    package.write(rel, &old.replacen(from, to, 1));
 }
 
 /// The content of the last message a request sent: what the model was told last.
@@ -83,42 +57,6 @@ fn check_events(package: &Package, id: &str) -> Vec<Value> {
         .filter(|line| line.contains("\"event\":\"check\""))
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
         .collect()
-}
-
-/// Every file under `dir`, by relative path, with its bytes; folders as `<path>/`.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
-            if entry.file_type().unwrap().is_dir() {
-                out.insert(format!("{rel}/"), Vec::new());
-                walk(root, &path, out);
-            } else {
-                out.insert(rel, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
-}
-
-/// The differences between two snapshots, as readable lines.
-fn changes(before: &BTreeMap<String, Vec<u8>>, after: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
-    let mut lines = Vec::new();
-    for (path, bytes) in before {
-        match after.get(path) {
-            None => lines.push(format!("removed {path}")),
-            Some(now) if now != bytes => lines.push(format!("changed {path}")),
-            Some(_) => {}
-        }
-    }
-    for path in after.keys().filter(|p| !before.contains_key(*p)) {
-        lines.push(format!("added {path}"));
-    }
-    lines
 }
 
 /// Where a build of `package` would leave results for `accept`.

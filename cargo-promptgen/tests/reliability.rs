@@ -4,31 +4,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use cargo_promptgen::lock::Lock;
-use promptgen_tests::{FakeLlm, Reply, Turn};
-use serde_json::json;
-use support::{run, text, Package};
-
-fn write(path: &str, content: &str) -> Reply {
-    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
-}
-
-fn finish() -> Reply {
-    Reply::turn(Turn::call("finish", json!({"summary": "done"})))
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use promptgen_tests::{FakeLlm, Reply};
+use support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]
@@ -76,42 +57,6 @@ fn recorded_package(server: &FakeLlm) -> Package {
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     package
-}
-
-/// Every file under `dir`, by relative path, with its bytes; folders as `<path>/`.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
-            if entry.file_type().unwrap().is_dir() {
-                out.insert(format!("{rel}/"), Vec::new());
-                walk(root, &path, out);
-            } else {
-                out.insert(rel, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
-}
-
-/// The differences between two snapshots, as readable lines.
-fn changes(before: &BTreeMap<String, Vec<u8>>, after: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
-    let mut lines = Vec::new();
-    for (path, bytes) in before {
-        match after.get(path) {
-            None => lines.push(format!("removed {path}")),
-            Some(now) if now != bytes => lines.push(format!("changed {path}")),
-            Some(_) => {}
-        }
-    }
-    for path in after.keys().filter(|p| !before.contains_key(*p)) {
-        lines.push(format!("added {path}"));
-    }
-    lines
 }
 
 fn lock_of(package: &Package) -> Lock {

@@ -53,11 +53,10 @@ pub fn canonicalize(path: &Path) -> Result<PathBuf, FsError> {
 ///
 /// The rename replaces a symlink at `path` rather than writing through it.
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool, FsError> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if meta.is_file() && meta.len() == bytes.len() as u64 && read(path)? == bytes {
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.is_file() && meta.len() == bytes.len() as u64 && read(path)? == bytes {
             return Ok(false);
         }
-    }
     write_atomic(path, bytes)?;
     Ok(true)
 }

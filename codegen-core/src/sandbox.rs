@@ -325,8 +325,8 @@ impl Sandbox {
         }
         let area = self.locate(&comps);
         let rest = comps.get(area.base.len()..).unwrap_or_default();
-        if let Some(m) = area.mount {
-            if !m.is_dir && !rest.is_empty() {
+        if let Some(m) = area.mount
+            && !m.is_dir && !rest.is_empty() {
                 return Err(refusal(
                     vpath,
                     format!(
@@ -335,7 +335,6 @@ impl Sandbox {
                     ),
                 ));
             }
-        }
         let resolved = resolve(&area, rest, &vpath)?;
         if !resolved.missing.is_empty() {
             return Err(self.missing_refusal(&vpath, &comps));
@@ -733,11 +732,10 @@ impl Sandbox {
     fn top_folders(&self) -> Vec<String> {
         let mut folders = BTreeSet::new();
         for m in &self.mounts {
-            if m.is_dir || m.comps.len() > 1 {
-                if let Some(first) = m.comps.first() {
+            if (m.is_dir || m.comps.len() > 1)
+                && let Some(first) = m.comps.first() {
                     folders.insert(first.clone());
                 }
-            }
         }
         for entry in WalkDir::new(&self.output_root).follow_links(false).min_depth(1).max_depth(1).into_iter().flatten()
         {
@@ -994,8 +992,8 @@ fn protected_reason<S: AsRef<str>>(comps: &[S], last_is_file: bool) -> Option<&'
         }
         previous = Some(comp);
     }
-    if last_is_file {
-        if let Some(name) = folded.last() {
+    if last_is_file
+        && let Some(name) = folded.last() {
             if name.ends_with(".pem") {
                 return Some("`.pem` files hold keys and certificates");
             }
@@ -1003,7 +1001,6 @@ fn protected_reason<S: AsRef<str>>(comps: &[S], last_is_file: bool) -> Option<&'
                 return Some("`id_*` files hold SSH keys");
             }
         }
-    }
     None
 }
 

@@ -70,10 +70,11 @@ mod tests {
     #[test]
     fn the_terminal_view_asks_reads_one_line_and_greets() {
         let mut output = Vec::new();
-        let mut view = TerminalView::new(Cursor::new("Grace\r\nHopper\n"), &mut output);
-        assert_eq!(view.ask_name().unwrap(), "Grace");
-        view.show_greeting("Hello, Grace!").unwrap();
-        drop(view);
+        {
+            let mut view = TerminalView::new(Cursor::new("Grace\r\nHopper\n"), &mut output);
+            assert_eq!(view.ask_name().unwrap(), "Grace");
+            view.show_greeting("Hello, Grace!").unwrap();
+        }
         assert_eq!(String::from_utf8(output).unwrap(), "What is your name? Hello, Grace!\n");
     }
 

@@ -2,8 +2,12 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use promptgen_tests::{Reply, Turn};
+use serde_json::json;
 
 /// A package in a temporary folder, outside the workspace, with a prompt chain.
 pub struct Package {
@@ -120,4 +124,65 @@ fn fastish_id() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{}-{nanos}", std::process::id())
+}
+
+/// A scripted reply that writes `content` to `path`.
+pub fn write(path: &str, content: &str) -> Reply {
+    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
+}
+
+/// A scripted reply that calls `finish`.
+pub fn finish() -> Reply {
+    Reply::turn(Turn::call("finish", json!({"summary": "done"})))
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Replaces the one occurrence of `from` in the package file `rel` with `to`.
+pub fn edit(package: &Package, rel: &str, from: &str, to: &str) {
+    let old = package.read(rel);
+    assert_eq!(old.matches(from).count(), 1, "`{from}` should occur once in {rel}:\n{old}");
+    package.write(rel, &old.replacen(from, to, 1));
+}
+
+/// Every file under `dir`, by relative path, with its bytes; folders as `<path>/`.
+pub fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            if entry.file_type().unwrap().is_dir() {
+                out.insert(format!("{rel}/"), Vec::new());
+                walk(root, &path, out);
+            } else {
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// The differences between two snapshots, as readable lines.
+pub fn changes(before: &BTreeMap<String, Vec<u8>>, after: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (path, bytes) in before {
+        match after.get(path) {
+            None => lines.push(format!("removed {path}")),
+            Some(now) if now != bytes => lines.push(format!("changed {path}")),
+            Some(_) => {}
+        }
+    }
+    for path in after.keys().filter(|p| !before.contains_key(*p)) {
+        lines.push(format!("added {path}"));
+    }
+    lines
 }

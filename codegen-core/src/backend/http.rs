@@ -206,11 +206,10 @@ fn jitter(wait: Duration) -> Duration {
 /// ordinary backoff applies instead.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite() && ms >= 0.0 {
             return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
         }
-    }
     let secs = header("retry-after").and_then(|v| v.parse::<f64>().ok())?;
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)))
 }

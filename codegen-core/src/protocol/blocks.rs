@@ -145,11 +145,10 @@ pub fn parse_blocks(content: &str) -> BlockReply {
         if let Some(block) = open.as_mut() {
             match command.as_ref().map(|(name, _)| name.as_str()) {
                 Some("write_end") => {
-                    if let Some(block) = open.take() {
-                        if let Some(path) = block.path {
+                    if let Some(block) = open.take()
+                        && let Some(path) = block.path {
                             reply.commands.push(BlockCommand::Write { path, content: block_content(&block.lines) });
                         }
-                    }
                     continue;
                 }
                 Some("write_begin") => {
@@ -254,16 +253,14 @@ fn block_content(lines: &[&str]) -> String {
     let mut body = lines;
     let first = lines.iter().position(|l| !l.trim().is_empty());
     let last = lines.iter().rposition(|l| !l.trim().is_empty());
-    if let (Some(first), Some(last)) = (first, last) {
-        if first < last {
-            if let Some(ticks) = fence_opener(lines[first]) {
+    if let (Some(first), Some(last)) = (first, last)
+        && first < last
+            && let Some(ticks) = fence_opener(lines[first]) {
                 let closer = lines[first + 1..].iter().position(|l| closes_fence(l, ticks)).map(|p| first + 1 + p);
                 if closer == Some(last) {
                     body = &lines[first + 1..last];
                 }
             }
-        }
-    }
     let mut content = String::with_capacity(body.iter().map(|l| l.len() + 1).sum());
     for line in body {
         content.push_str(line);
