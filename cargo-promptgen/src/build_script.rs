@@ -1,13 +1,15 @@
 //! The build-script entry: materialise the chain's generated tree into `$OUT_DIR/promptgen/`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::{self, Chain, Overrides};
 use crate::error::Error;
 use crate::generate::{regenerate, Destination, Progress};
 use crate::layout::{target_dir_from_out_dir, Layout};
+use crate::lock::LockedStep;
 use crate::plan::{plan, stale_steps, Records, StepState};
-use crate::store::{sync_dir, Files};
+use crate::store::{sync_dir_from, sync_dir_recorded, Files, Snapshot};
 use crate::lock_file::PackageLock;
 
 /// The subfolder of `OUT_DIR` that holds the generated tree.
@@ -16,6 +18,11 @@ pub const OUT_SUBDIR: &str = "promptgen";
 /// The file in `OUT_DIR` that mounts every generated `.rs` file as a module (see
 /// [`module_tree`]): `include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));`.
 pub const MODULES_FILE: &str = "promptgen.rs";
+
+/// The file in `OUT_DIR` that records what the generated tree holds (each file's hash,
+/// length and mtime), so that a build with nothing to write need not read it back (see
+/// [`sync_dir_recorded`](crate::store::sync_dir_recorded)).
+pub const RECORD_FILE: &str = "promptgen.record";
 
 /// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
 /// for `PROMPTGEN_OFFLINE`, any value at all for `CI`.
@@ -91,6 +98,14 @@ impl Builder {
             Some(dir) => dir.clone(),
             None => env_path("OUT_DIR")?,
         };
+        // What OUT_DIR holds is looked at on another thread while the store is read and
+        // checked (nothing else writes OUT_DIR meanwhile).
+        let generated_dir = out_dir.join(OUT_SUBDIR);
+        let record = out_dir.join(RECORD_FILE);
+        let look = {
+            let (dir, record) = (generated_dir.clone(), record.clone());
+            std::thread::Builder::new().name("promptgen-out-dir".into()).spawn(move || Snapshot::take(&dir, &record))
+        };
         let chain = config::load_from_env(&manifest_dir.join("Cargo.toml"), &Overrides::default())?;
         if self.emit_cargo_directives {
             emit_rerun_directives(&chain);
@@ -105,14 +120,19 @@ impl Builder {
         let records = Records::read(&layout)?;
         let assessed = plan(&chain, &records)?;
         let stale = stale_steps(&assessed);
-        let (tree, regenerated, pending) = if stale.is_empty() {
-            let mut tree = Files::new();
-            for step in &assessed {
-                tree.extend(step.files.clone());
-            }
+        // The tree, and each of its files' hash as the lock records it (a later step's file
+        // replaces an earlier step's at the same path, in both: steps are in order).
+        let mut assessed = assessed;
+        let mut result;
+        let (tree, entries, regenerated, pending) = if stale.is_empty() {
             let pending: Vec<String> =
                 assessed.iter().filter(|a| a.state == StepState::Pending).map(|a| a.id.clone()).collect();
-            (tree, Vec::new(), pending)
+            let mut tree = Files::new();
+            for step in &mut assessed {
+                tree.extend(std::mem::take(&mut step.files));
+            }
+            let entries: Vec<&LockedStep> = assessed.iter().filter_map(|a| a.entry.as_ref()).collect();
+            (tree, entries, Vec::new(), pending)
         } else {
             if let Some(reason) = self.offline_reason() {
                 return Err(Error::Stale { package: chain.package_name.clone(), steps: stale, reason });
@@ -122,20 +142,27 @@ impl Builder {
                     eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
                 }
             };
-            let result = regenerate(&chain, &layout, &[], Destination::Pending, &mut show)?;
+            result = regenerate(&chain, &layout, &[], Destination::Pending, &mut show)?;
             let pending = result
                 .steps
                 .iter()
                 .filter(|(_, state)| *state == StepState::Pending)
                 .map(|(entry, _)| entry.id.clone())
                 .collect();
-            (result.tree, result.regenerated, pending)
+            let (tree, regenerated) = (std::mem::take(&mut result.tree), std::mem::take(&mut result.regenerated));
+            (tree, result.steps.iter().map(|(entry, _)| entry).collect(), regenerated, pending)
         };
+        let hashes: HashMap<&str, &str> =
+            entries.iter().flat_map(|e| &e.files).map(|f| (f.path.as_str(), f.sha256.as_str())).collect();
 
-        let generated_dir = out_dir.join(OUT_SUBDIR);
-        let files_written = sync_dir(&generated_dir, &tree)?;
+        // After a regeneration (minutes), look again rather than trust an old snapshot.
+        let snapshot = look.ok().filter(|_| regenerated.is_empty()).and_then(|l| l.join().ok()).and_then(Result::ok);
+        let files_written = match snapshot {
+            Some(snapshot) => sync_dir_from(snapshot, &generated_dir, &tree, &hashes, &record)?,
+            None => sync_dir_recorded(&generated_dir, &tree, &hashes, &record)?,
+        };
         let modules = module_tree(&tree, &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
-        codegen_core::fs::write_if_changed(&out_dir.join(MODULES_FILE), modules.as_bytes())?;
+        codegen_core::fs::write_if_changed_unsynced(&out_dir.join(MODULES_FILE), modules.as_bytes())?;
         if self.emit_cargo_directives && !pending.is_empty() {
             let list: Vec<&str> = pending.iter().map(String::as_str).collect();
             let verb = if regenerated.is_empty() { "come from" } else { "were regenerated by this build into" };
@@ -239,14 +266,15 @@ pub fn module_tree(tree: &Files, source: &dyn Fn(&str) -> String) -> String {
         node.file = Some(path.clone());
     }
     fn render(node: &Node, depth: usize, source: &dyn Fn(&str) -> String, out: &mut String) {
+        use std::fmt::Write as _;
+        let indent = "    ".repeat(depth);
         for (name, child) in &node.children {
-            let indent = "    ".repeat(depth);
-            out.push_str(&format!("{indent}pub mod {name} {{\n"));
+            let _ = writeln!(out, "{indent}pub mod {name} {{");
             if let Some(file) = &child.file {
-                out.push_str(&format!("{indent}    include!({});\n", source(file)));
+                let _ = writeln!(out, "{indent}    include!({});", source(file));
             }
             render(child, depth + 1, source, out);
-            out.push_str(&format!("{indent}}}\n"));
+            let _ = writeln!(out, "{indent}}}");
         }
     }
     let mut out = String::from("// @generated by cargo-promptgen: one module per generated .rs file.\n");

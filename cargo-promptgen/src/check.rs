@@ -58,8 +58,22 @@ impl Check for RustcCheck {
         let prefix = format!("{}/", output_root.display());
         let text = String::from_utf8_lossy(&output.stderr).replace(&prefix, "");
         let text = text.replace(&format!("{}", root_file.display()), "(crate root)");
-        Ok(CheckOutcome::Failed(trim_diagnostics(&text)))
+        Ok(CheckOutcome::Failed(trim_diagnostics(&without_trailer(&text))))
     }
+}
+
+/// rustc's diagnostics without the lines that end every failed run and tell a model nothing
+/// it can act on (`error: aborting due to ...`, `For more information about this error, try
+/// rustc --explain ...`, `Some errors have detailed explanations: ...`): every later call of
+/// the step would carry them again.
+fn without_trailer(text: &str) -> String {
+    let noise = |line: &str| {
+        line.starts_with("error: aborting due to ")
+            || line.starts_with("For more information about ")
+            || line.starts_with("Some errors have detailed explanations")
+    };
+    let kept: Vec<&str> = text.lines().filter(|line| !noise(line)).collect();
+    kept.join("\n").trim_end().to_string()
 }
 
 /// The check `step` declares, ready to run; `None` for `check = "none"`.
@@ -68,5 +82,22 @@ pub fn check_for(chain: &Chain, step: &StepConfig, scratch: &Path) -> Option<Box
         CheckSpec::None => None,
         CheckSpec::Rustc => Some(Box::new(RustcCheck::new(&chain.edition, scratch))),
         CheckSpec::Command(words) => CommandCheck::new(words, &chain.package_dir).map(|c| Box::new(c) as Box<dyn Check>),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_trailer;
+
+    #[test]
+    fn the_trailer_of_rustc_goes_and_the_diagnostics_stay() {
+        let text = "error[E0308]: mismatched types\n  --> presenter.rs:28:9\n   |\nhelp: try using a conversion method\n\n\
+                    error: aborting due to 1 previous error\n\nFor more information about this error, try `rustc --explain E0308`.\n";
+        assert_eq!(
+            without_trailer(text),
+            "error[E0308]: mismatched types\n  --> presenter.rs:28:9\n   |\nhelp: try using a conversion method"
+        );
+        let many = "error[E0425]: x\n\nerror: aborting due to 2 previous errors\n\nSome errors have detailed explanations: E0308, E0425.\nFor more information about an error, try `rustc --explain E0308`.\n";
+        assert_eq!(without_trailer(many), "error[E0425]: x");
     }
 }

@@ -6,7 +6,8 @@
 //! the previous step's hand-off, a change to step 02 makes 02 and every later step stale,
 //! and nothing before it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 use codegen_core::fs;
 
@@ -77,12 +78,63 @@ pub fn assess(
     records: &Records,
     forced: bool,
 ) -> Result<Assessed, Error> {
+    assess_with(chain, step, previous, records, forced, &mut Memo::default())
+}
+
+/// What [`plan`] works out once for all its steps: file hashes, contract hashes, and the
+/// stored files and fingerprints it read ahead.
+#[derive(Default)]
+struct Memo {
+    /// Hashes of the files fingerprints read (a system prompt or an input folder shared by
+    /// every step is read once).
+    file_hashes: HashMap<PathBuf, String>,
+    /// Contract hashes, by protocol and whether there is a check.
+    contracts: HashMap<(&'static str, bool), String>,
+    /// Fingerprints computed ahead, by step id, for the hand-off they were computed with.
+    fingerprints: HashMap<String, (Option<String>, Fingerprint)>,
+    /// Committed steps' files read ahead, by step id, for the key of the entry they belong to.
+    loaded: HashMap<String, (String, Result<Files, Error>)>,
+}
+
+impl Memo {
+    fn hash_file(&mut self, path: &Path) -> Result<String, Error> {
+        if let Some(hash) = self.file_hashes.get(path) {
+            return Ok(hash.clone());
+        }
+        let hash = sha256_hex(&fs::read(path)?);
+        self.file_hashes.insert(path.to_path_buf(), hash.clone());
+        Ok(hash)
+    }
+
+    fn fingerprint(&mut self, chain: &Chain, step: &StepConfig, previous: Option<String>) -> Result<Fingerprint, Error> {
+        match self.fingerprints.remove(&step.id) {
+            Some((computed_for, fingerprint)) if computed_for == previous => Ok(fingerprint),
+            _ => fingerprint_with(chain, step, previous, self),
+        }
+    }
+
+    fn load(&mut self, store: &Store, entry: &LockedStep) -> Result<Files, Error> {
+        match self.loaded.remove(&entry.id) {
+            Some((key, files)) if key == entry.key => files,
+            _ => store.load(entry),
+        }
+    }
+}
+
+fn assess_with(
+    chain: &Chain,
+    step: &StepConfig,
+    previous: Previous<'_>,
+    records: &Records,
+    forced: bool,
+    memo: &mut Memo,
+) -> Result<Assessed, Error> {
     let handoff = match previous {
         Previous::First => None,
         Previous::Recorded(entry) => Some(entry.handoff_digest()),
         Previous::Stale(_) => None,
     };
-    let fingerprint = fingerprint(chain, step, handoff)?;
+    let fingerprint = memo.fingerprint(chain, step, handoff)?;
     let key = fingerprint.key();
     let stale = |reasons: Vec<String>| Assessed {
         id: step.id.clone(),
@@ -105,7 +157,7 @@ pub fn assess(
     }
     let mut damaged = None;
     if let Some(entry) = committed.filter(|e| e.key == key) {
-        match records.store.load(entry) {
+        match memo.load(&records.store, entry) {
             Ok(files) => return Ok(usable(step, fingerprint, StepState::Fresh, entry, files)),
             Err(Error::DamagedStore { path, detail }) => damaged = Some(format!("stored file `{}`: {detail}", path.display())),
             Err(other) => return Err(other),
@@ -145,7 +197,14 @@ pub enum Previous<'a> {
 }
 
 /// Assesses every step in order without running anything.
+///
+/// Reading and hashing the stored files is most of the cost, so it is done first, on a few
+/// threads, for each committed step whose key matches its fingerprint as long as every step
+/// before it is fresh too (as it is in a build with nothing to do); the assessment itself
+/// then runs in order and reads anything else it needs as [`assess`] does.
 pub fn plan(chain: &Chain, records: &Records) -> Result<Vec<Assessed>, Error> {
+    let mut memo = Memo::default();
+    read_ahead(chain, records, &mut memo);
     let mut assessed: Vec<Assessed> = Vec::with_capacity(chain.steps.len());
     for step in &chain.steps {
         let previous = match assessed.last() {
@@ -153,10 +212,52 @@ pub fn plan(chain: &Chain, records: &Records) -> Result<Vec<Assessed>, Error> {
             Some(Assessed { entry: Some(entry), .. }) => Previous::Recorded(entry),
             Some(last) => Previous::Stale(&last.id),
         };
-        let next = assess(chain, step, previous, records, false)?;
+        let next = assess_with(chain, step, previous, records, false, &mut memo)?;
         assessed.push(next);
     }
     Ok(assessed)
+}
+
+/// Fills `memo` with the fingerprints of the steps and the files of the committed steps
+/// whose keys match them, supposing that every step before each is fresh in the lock. It
+/// stops at the first step that is not (or whose fingerprint fails: the assessment in order
+/// reports that, in order).
+fn read_ahead(chain: &Chain, records: &Records, memo: &mut Memo) {
+    let mut handoff = None;
+    let mut to_load = Vec::new();
+    for step in &chain.steps {
+        let Ok(fingerprint) = fingerprint_with(chain, step, handoff.clone(), memo) else { break };
+        let Some(entry) = records.lock.step(&step.id).filter(|e| e.key == fingerprint.key()) else { break };
+        memo.fingerprints.insert(step.id.clone(), (handoff, fingerprint));
+        handoff = Some(entry.handoff_digest());
+        to_load.push(entry);
+    }
+    for (entry, files) in load_in_parallel(&records.store, &to_load) {
+        memo.loaded.insert(entry.id.clone(), (entry.key.clone(), files));
+    }
+}
+
+/// `store.load` of every entry, on up to four threads.
+fn load_in_parallel<'a>(store: &Store, entries: &[&'a LockedStep]) -> Vec<(&'a LockedStep, Result<Files, Error>)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4).min(entries.len());
+    if threads <= 1 {
+        return entries.iter().map(|entry| (*entry, store.load(entry))).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        while let Some(entry) = entries.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+            done.push((*entry, store.load(entry)));
+        }
+        done
+    };
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+        let mut done = work();
+        // A helper that panicked leaves its steps unread: `assess` reads them itself.
+        done.extend(helpers.into_iter().flat_map(|helper| helper.join().unwrap_or_default()));
+        done
+    })
 }
 
 /// The stale steps of a plan, with their reasons.
@@ -171,29 +272,38 @@ pub fn stale_steps(plan: &[Assessed]) -> Vec<StaleStep> {
 
 /// The fingerprint of `step` as it is declared now.
 pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -> Result<Fingerprint, Error> {
-    let hash_file = |path: &std::path::Path| -> Result<String, Error> { Ok(sha256_hex(&fs::read(path)?)) };
+    fingerprint_with(chain, step, previous, &mut Memo::default())
+}
+
+fn fingerprint_with(chain: &Chain, step: &StepConfig, previous: Option<String>, memo: &mut Memo) -> Result<Fingerprint, Error> {
     let mut inputs = BTreeMap::new();
     for input in &step.inputs {
         if input.is_dir {
             for rel in walk_files(&input.real_path) {
                 let virtual_path = format!("{}/{rel}", input.virtual_path);
                 if !codegen_core::sandbox::is_protected(&virtual_path) {
-                    inputs.insert(virtual_path, hash_file(&input.real_path.join(&rel))?);
+                    inputs.insert(virtual_path, memo.hash_file(&input.real_path.join(&rel))?);
                 }
             }
         } else {
-            inputs.insert(input.virtual_path.clone(), hash_file(&input.real_path)?);
+            inputs.insert(input.virtual_path.clone(), memo.hash_file(&input.real_path)?);
         }
     }
+    let with_check = step.check != CheckSpec::None;
+    let contract = memo
+        .contracts
+        .entry((protocol_name(step.protocol), with_check))
+        .or_insert_with(|| contract_hash(step.protocol, with_check))
+        .clone();
     Ok(Fingerprint {
         backend: chain.backend.as_str().to_string(),
         model: step.model.clone(),
         protocol: protocol_name(step.protocol).to_string(),
         seed: step.seed,
         temperature: step.temperature,
-        prompt: hash_file(&step.prompt)?,
-        system_prompt: step.system_prompt.as_deref().map(hash_file).transpose()?,
-        contract: contract_hash(step.protocol, step.check != CheckSpec::None),
+        prompt: memo.hash_file(&step.prompt)?,
+        system_prompt: step.system_prompt.as_deref().map(|path| memo.hash_file(path)).transpose()?,
+        contract,
         check: match &step.check {
             CheckSpec::None => None,
             // The edition decides what compiles, so it is part of what the check is.
@@ -201,7 +311,7 @@ pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -
             command => Some(command.describe()),
         },
         script: match (&step.script, chain.backend) {
-            (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(hash_file(script)?),
+            (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(memo.hash_file(script)?),
             _ => None,
         },
         outputs: step.outputs.clone(),

@@ -4,7 +4,6 @@ use crate::config::Chain;
 use crate::error::{Error, StaleStep};
 use crate::layout::Layout;
 use crate::plan::{plan, stale_steps, Records, StepState};
-use crate::store::Files;
 
 /// The result of `cargo promptgen check`.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,7 +107,8 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
 }
 
 /// A unified diff from the committed outputs to the pending ones, for every step with
-/// pending results (or only `step`). Empty when nothing is pending.
+/// pending results (or only `step`). Empty when nothing is pending. (With the `cli` feature.)
+#[cfg(feature = "cli")]
 pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String, Error> {
     if let Some(id) = step
         && chain.step(id).is_none() {
@@ -135,7 +135,7 @@ pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String
         };
         let old_files = match committed {
             Some(entry) => records.store.load(entry).unwrap_or_default(),
-            None => Files::new(),
+            None => crate::store::Files::new(),
         };
         let mut paths: Vec<&String> = old_files.keys().chain(new_files.keys()).collect();
         paths.sort();

@@ -53,16 +53,44 @@ pub fn canonicalize(path: &Path) -> Result<PathBuf, FsError> {
 ///
 /// The rename replaces a symlink at `path` rather than writing through it.
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool, FsError> {
-    if let Ok(meta) = std::fs::symlink_metadata(path)
-        && meta.is_file() && meta.len() == bytes.len() as u64 && read(path)? == bytes {
-            return Ok(false);
-        }
+    if is_same_file_content(path, bytes)? {
+        return Ok(false);
+    }
     write_atomic(path, bytes)?;
     Ok(true)
 }
 
+/// [`write_if_changed`] without waiting for the disk: see [`write_atomic_unsynced`].
+pub fn write_if_changed_unsynced(path: &Path, bytes: &[u8]) -> Result<bool, FsError> {
+    if is_same_file_content(path, bytes)? {
+        return Ok(false);
+    }
+    write_atomic_unsynced(path, bytes)?;
+    Ok(true)
+}
+
+/// Whether `path` is a regular file holding exactly `bytes`.
+fn is_same_file_content(path: &Path, bytes: &[u8]) -> Result<bool, FsError> {
+    Ok(match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta.is_file() && meta.len() == bytes.len() as u64 && read(path)? == bytes,
+        Err(_) => false,
+    })
+}
+
 /// Writes `bytes` to `path` through a temporary file and a rename (see [`write_if_changed`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    write_through_temporary(path, bytes, true)
+}
+
+/// Like [`write_atomic`] (a reader still sees the old content or the new, never a mix), but
+/// leaves flushing to the operating system: for files rebuilt from durable ones whenever
+/// they are lost or wrong, such as a build's `OUT_DIR`, where a flush per file would cost
+/// more than everything else the build does (the lock and the store keep the flush).
+pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    write_through_temporary(path, bytes, false)
+}
+
+fn write_through_temporary(path: &Path, bytes: &[u8], flush: bool) -> Result<(), FsError> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -72,9 +100,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
         .tempfile_in(dir)
         .map_err(|e| FsError::new("create a temporary file in", dir, e))?;
     tmp.write_all(bytes).map_err(|e| FsError::new("write", tmp.path(), e))?;
-    tmp.as_file().sync_all().map_err(|e| FsError::new("flush", tmp.path(), e))?;
+    // A temporary file is private (0600); the file it replaces should keep its own mode, and
+    // a new one get the ordinary 0644, as if written in place.
+    let permissions = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Some(meta.permissions()),
+        _ => default_permissions(),
+    };
+    if let Some(permissions) = permissions {
+        tmp.as_file().set_permissions(permissions).map_err(|e| FsError::new("set the permissions of", tmp.path(), e))?;
+    }
+    if flush {
+        tmp.as_file().sync_all().map_err(|e| FsError::new("flush", tmp.path(), e))?;
+    }
     tmp.persist(path).map_err(|e| FsError::new("replace", path, e.error))?;
     Ok(())
+}
+
+#[cfg(unix)]
+fn default_permissions() -> Option<std::fs::Permissions> {
+    use std::os::unix::fs::PermissionsExt;
+    Some(std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(not(unix))]
+fn default_permissions() -> Option<std::fs::Permissions> {
+    // Elsewhere a temporary file is an ordinary one: keep what it has.
+    None
 }
 
 #[cfg(test)]
@@ -99,6 +150,14 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), mtime);
         assert!(write_if_changed(&path, b"two").unwrap());
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644, "not the temporary file's 0600");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+            assert!(write_if_changed(&path, b"three").unwrap());
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640, "an existing mode is kept");
+        }
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("a.rs")]);
     }

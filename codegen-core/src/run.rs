@@ -632,13 +632,28 @@ impl<'a> Run<'a> {
         for (call, text) in answers {
             parts.push(match self.protocol {
                 ToolProtocol::Blocks => blocks::render_result(&call.label, text),
-                _ => format!("Result of {} {}:\n{}", call.name, call.arguments.to_json_text(), text),
+                _ => format!("Result of {} {}:\n{}", call.name, shown_arguments(&call.arguments), text),
             });
         }
         for problem in problems {
             parts.push(format!("Problem: {problem}"));
         }
         parts.join("\n\n")
+    }
+}
+
+/// A call's arguments as the line naming its result shows them: without the `content` of a
+/// write, which the model has just sent and which would otherwise go back to it whole (and
+/// then again on every later call), and with malformed arguments cut short.
+fn shown_arguments(arguments: &Arguments) -> String {
+    match arguments {
+        Arguments::Object(map) if map.contains_key("content") => {
+            let mut shown = map.clone();
+            shown.remove("content");
+            serde_json::Value::Object(shown).to_string()
+        }
+        Arguments::Object(_) => arguments.to_json_text(),
+        Arguments::Malformed { raw, .. } => crate::backend::excerpt(raw, 200),
     }
 }
 

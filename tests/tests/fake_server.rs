@@ -8,7 +8,14 @@ use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
 use reqwest::blocking::{Client, Response};
 use serde_json::{Value, json};
 
+/// With codegen-core's `tls` feature in the build, reqwest is built with rustls and no
+/// crypto provider of its own (see BENCHMARKS.md, cold build): a client needs one installed.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn client() -> Client {
+    install_crypto_provider();
     Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -434,6 +441,7 @@ fn stall_is_a_client_timeout_and_drop_ends_it() {
         Reply::json(json!({"after": "stall"})),
         Reply::stall(Duration::from_secs(30)),
     ]);
+    install_crypto_provider();
     let impatient = Client::builder()
         .timeout(Duration::from_millis(300))
         .build()

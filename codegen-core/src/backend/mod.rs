@@ -415,6 +415,53 @@ where
     Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
+/// The wire JSON of each message of a history, kept from one call to the next.
+///
+/// A history only grows between calls (its first message may be replaced once, by a
+/// protocol fallback), yet every call sends all of it: re-encoding a 100 KB history each
+/// time was most of the loop's own cost per model call. A message is encoded again only when
+/// it differs from the one cached at its index (comparing is a fraction of encoding).
+#[derive(Debug, Default)]
+pub(crate) struct MessageCache {
+    entries: Vec<(Message, String)>,
+}
+
+impl MessageCache {
+    /// The JSON object `object` (as text) with `"messages": [m0,m1,...]` put first, each
+    /// message as `encode` gives it: a request body, in one buffer.
+    pub fn body(
+        &mut self,
+        object: &str,
+        messages: &[Message],
+        encode: impl Fn(&Message) -> serde_json::Result<String>,
+    ) -> serde_json::Result<Vec<u8>> {
+        self.entries.truncate(messages.len());
+        for (index, message) in messages.iter().enumerate() {
+            if self.entries.get(index).is_some_and(|(cached, _)| cached == message) {
+                continue;
+            }
+            self.entries.truncate(index);
+            self.entries.push((message.clone(), encode(message)?));
+        }
+        let rest = object.strip_prefix('{').unwrap_or("}");
+        let size = 16 + object.len() + self.entries.iter().map(|(_, json)| json.len() + 1).sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(b"{\"messages\":[");
+        for (index, (_, json)) in self.entries.iter().enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(json.as_bytes());
+        }
+        out.push(b']');
+        if rest.trim_start() != "}" {
+            out.push(b',');
+        }
+        out.extend_from_slice(rest.as_bytes());
+        Ok(out)
+    }
+}
+
 /// Mints ids for tool calls that arrived without one, unique within one backend's life.
 #[derive(Debug, Default)]
 pub(crate) struct IdMinter {
@@ -431,6 +478,28 @@ impl IdMinter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_messages_encode_as_a_fresh_encoding_would() {
+        let encode = |m: &Message| serde_json::to_string(m);
+        let mut cache = MessageCache::default();
+        let mut history = vec![Message::system("s"), Message::user("u \"quoted\"\n")];
+        let check = |cache: &mut MessageCache, history: &[Message]| {
+            let body = cache.body(r#"{"model":"m","stream":false}"#, history, encode).unwrap();
+            let fresh = serde_json::json!({"messages": history, "model": "m", "stream": false});
+            assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap(), fresh);
+            assert!(body.starts_with(br#"{"messages":["#), "{}", String::from_utf8_lossy(&body));
+        };
+        check(&mut cache, &history);
+        history.push(Message::assistant("a", Vec::new()));
+        check(&mut cache, &history);
+        // A fallback replaces the first message; a shorter history is a new conversation.
+        history[0] = Message::system("s2");
+        check(&mut cache, &history);
+        check(&mut cache, &history[..1]);
+        check(&mut cache, &[]);
+        assert_eq!(cache.body("{}", &[], encode).unwrap(), br#"{"messages":[]}"#);
+    }
 
     #[test]
     fn excerpt_cuts_on_char_boundaries() {

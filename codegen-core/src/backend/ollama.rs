@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::http::HttpClient;
 use super::{
     classify_status, classify_transport, excerpt, Backend, BackendConfig, BackendError, BackendKind,
-    ChatRequest, ChatResponse, IdMinter, Usage, null_as_empty,
+    ChatRequest, ChatResponse, IdMinter, MessageCache, Usage, null_as_empty,
 };
 use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
 
@@ -20,6 +20,8 @@ pub struct Ollama {
     num_ctx: u32,
     http: HttpClient,
     ids: IdMinter,
+    /// The history as last sent, encoded.
+    messages: MessageCache,
 }
 
 impl Ollama {
@@ -36,7 +38,7 @@ impl Ollama {
             url: host.clone(),
             detail,
         })?;
-        Ok(Ollama { chat_url: format!("{host}/api/chat"), host, num_ctx: config.num_ctx, http, ids: IdMinter::default() })
+        Ok(Ollama { chat_url: format!("{host}/api/chat"), host, num_ctx: config.num_ctx, http, ids: IdMinter::default(), messages: MessageCache::default() })
     }
 
     /// The server's base URL, as resolved.
@@ -104,17 +106,27 @@ impl Backend for Ollama {
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
         let body = WireRequest {
             model: request.model,
-            messages: request.messages.iter().map(WireMessage::from_message).collect(),
             tools: request.tools.iter().map(WireTool::from_spec).collect(),
             stream: false,
             think: false,
             options: WireOptions { seed: request.seed, temperature: request.temperature, num_ctx: self.num_ctx },
         };
         let url = &self.chat_url;
+        let encoding = |e: serde_json::Error| BackendError::Config {
+            backend: BackendKind::Ollama,
+            url: url.clone(),
+            detail: format!("could not encode the request: {e}"),
+        };
+        let body = self
+            .messages
+            .body(&serde_json::to_string(&body).map_err(encoding)?, request.messages, |m| {
+                serde_json::to_string(&WireMessage::from_message(m))
+            })
+            .map_err(encoding)?;
         let timeout = self.http.config().request_timeout;
         let reply = self
             .http
-            .post_json(url, None, &body)
+            .post_json(url, None, body)
             .map_err(|err| classify_transport(BackendKind::Ollama, url, timeout, err))?;
         let attempts = reply.retries.len() as u32 + 1;
         if !(200..300).contains(&reply.status) {
@@ -151,9 +163,9 @@ impl Backend for Ollama {
 }
 
 #[derive(Serialize)]
+/// The request without its `messages`, which go in already encoded (see [`MessageCache`]).
 struct WireRequest<'a> {
     model: &'a str,
-    messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
     stream: bool,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::http::HttpClient;
 use super::{
     classify_status, classify_transport, excerpt, Backend, BackendConfig, BackendError, BackendKind,
-    ChatRequest, ChatResponse, IdMinter, Usage, null_as_empty,
+    ChatRequest, ChatResponse, IdMinter, MessageCache, Usage, null_as_empty,
 };
 use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
 
@@ -26,6 +26,8 @@ pub struct OpenAi {
     api_key: Option<String>,
     http: HttpClient,
     ids: IdMinter,
+    /// The history as last sent, encoded.
+    messages: MessageCache,
 }
 
 impl OpenAi {
@@ -48,7 +50,7 @@ impl OpenAi {
         }
         let api_key = config.api_key.clone().or_else(|| std::env::var("OPENAI_API_KEY").ok()).and_then(non_empty);
         let http = HttpClient::new(config.http.clone()).map_err(config_error)?;
-        Ok(OpenAi { url: format!("{base}/chat/completions"), base, api_key, http, ids: IdMinter::default() })
+        Ok(OpenAi { url: format!("{base}/chat/completions"), base, api_key, http, ids: IdMinter::default(), messages: MessageCache::default() })
     }
 
     /// The base URL, as resolved.
@@ -70,7 +72,6 @@ impl Backend for OpenAi {
         let has_tools = !request.tools.is_empty();
         let body = WireRequest {
             model: request.model,
-            messages: request.messages.iter().map(WireMessage::from_message).collect(),
             tools: request.tools.iter().map(|spec| WireTool { r#type: "function", function: spec }).collect(),
             tool_choice: has_tools.then_some("auto"),
             seed: request.seed,
@@ -78,10 +79,21 @@ impl Backend for OpenAi {
             stream: false,
         };
         let url = &self.url;
+        let encoding = |e: serde_json::Error| BackendError::Config {
+            backend: BackendKind::OpenAi,
+            url: url.clone(),
+            detail: format!("could not encode the request: {e}"),
+        };
+        let body = self
+            .messages
+            .body(&serde_json::to_string(&body).map_err(encoding)?, request.messages, |m| {
+                serde_json::to_string(&WireMessage::from_message(m))
+            })
+            .map_err(encoding)?;
         let timeout = self.http.config().request_timeout;
         let reply = self
             .http
-            .post_json(url, self.api_key.as_deref(), &body)
+            .post_json(url, self.api_key.as_deref(), body)
             .map_err(|err| classify_transport(BackendKind::OpenAi, url, timeout, err))?;
         let attempts = reply.retries.len() as u32 + 1;
         if !(200..300).contains(&reply.status) {
@@ -120,9 +132,9 @@ impl Backend for OpenAi {
 }
 
 #[derive(Serialize)]
+/// The request without its `messages`, which go in already encoded (see [`MessageCache`]).
 struct WireRequest<'a> {
     model: &'a str,
-    messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
