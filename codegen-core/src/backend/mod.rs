@@ -406,6 +406,77 @@ pub(crate) fn classify_transport(
     }
 }
 
+/// A chat reply's wire type: it may carry an `{"error": ...}` even with a 2xx status (a
+/// stream that failed after it began).
+pub(crate) trait WireReply: serde::de::DeserializeOwned {
+    /// The error the body carries, taken out of it.
+    fn take_error(&mut self) -> Option<serde_json::Value>;
+}
+
+/// A 2xx chat reply, parsed.
+pub(crate) struct Received<W> {
+    pub wire: W,
+    pub retries: Vec<RetryRecord>,
+    backend: BackendKind,
+    url: String,
+    body_start: String,
+}
+
+impl<W> Received<W> {
+    /// The error for a reply that parsed but lacks what the protocol promises.
+    pub fn bad(&self, detail: &str) -> BackendError {
+        BackendError::BadResponse {
+            backend: self.backend,
+            url: self.url.clone(),
+            detail: detail.to_string(),
+            body_start: self.body_start.clone(),
+        }
+    }
+}
+
+/// One chat exchange, the part both HTTP backends share: encodes `head` (the request without
+/// its messages) and the history through the cache, POSTs it with retries, and turns every
+/// failure (transport, error status, unparsable body, error in a 2xx body) into the
+/// `BackendError` that says what to do.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn exchange<W: WireReply>(
+    backend: BackendKind,
+    http: &http::HttpClient,
+    cache: &mut MessageCache,
+    url: &str,
+    bearer: Option<&str>,
+    model: &str,
+    head: &impl Serialize,
+    messages: &[Message],
+    encode: impl Fn(&Message) -> serde_json::Result<String>,
+) -> Result<Received<W>, BackendError> {
+    let encoding = |e: serde_json::Error| BackendError::Config {
+        backend,
+        url: url.to_string(),
+        detail: format!("could not encode the request: {e}"),
+    };
+    let head = serde_json::to_string(head).map_err(encoding)?;
+    let body = cache.body(&head, messages, encode).map_err(encoding)?;
+    let timeout = http.config().request_timeout;
+    let reply = http.post_json(url, bearer, body).map_err(|err| classify_transport(backend, url, timeout, err))?;
+    let attempts = reply.retries.len() as u32 + 1;
+    if !(200..300).contains(&reply.status) {
+        return Err(classify_status(backend, url, model, reply.status, &reply.body, attempts));
+    }
+    let body_start = excerpt(&reply.body, 200);
+    let mut wire: W = serde_json::from_str(&reply.body).map_err(|e| BackendError::BadResponse {
+        backend,
+        url: url.to_string(),
+        detail: e.to_string(),
+        body_start: body_start.clone(),
+    })?;
+    if let Some(error) = wire.take_error() {
+        let body = serde_json::json!({ "error": error }).to_string();
+        return Err(classify_status(backend, url, model, 500, &body, attempts));
+    }
+    Ok(Received { wire, retries: reply.retries, backend, url: url.to_string(), body_start })
+}
+
 /// Deserialises a list that a server may send as `null` or leave out.
 pub(crate) fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
 where

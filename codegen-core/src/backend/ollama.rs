@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::http::HttpClient;
 use super::{
-    classify_status, classify_transport, excerpt, Backend, BackendConfig, BackendError, BackendKind,
-    ChatRequest, ChatResponse, IdMinter, MessageCache, Usage, null_as_empty,
+    exchange, null_as_empty, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter,
+    MessageCache, Received, Usage, WireReply,
 };
 use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
 
@@ -111,39 +111,20 @@ impl Backend for Ollama {
             think: false,
             options: WireOptions { seed: request.seed, temperature: request.temperature, num_ctx: self.num_ctx },
         };
-        let url = &self.chat_url;
-        let encoding = |e: serde_json::Error| BackendError::Config {
-            backend: BackendKind::Ollama,
-            url: url.clone(),
-            detail: format!("could not encode the request: {e}"),
-        };
-        let body = self
-            .messages
-            .body(&serde_json::to_string(&body).map_err(encoding)?, request.messages, |m| {
-                serde_json::to_string(&WireMessage::from_message(m))
-            })
-            .map_err(encoding)?;
-        let timeout = self.http.config().request_timeout;
-        let reply = self
-            .http
-            .post_json(url, None, body)
-            .map_err(|err| classify_transport(BackendKind::Ollama, url, timeout, err))?;
-        let attempts = reply.retries.len() as u32 + 1;
-        if !(200..300).contains(&reply.status) {
-            return Err(classify_status(BackendKind::Ollama, url, request.model, reply.status, &reply.body, attempts));
-        }
-        let bad = |detail: String| BackendError::BadResponse {
-            backend: BackendKind::Ollama,
-            url: url.clone(),
-            detail,
-            body_start: excerpt(&reply.body, 200),
-        };
-        let wire: WireResponse = serde_json::from_str(&reply.body).map_err(|e| bad(e.to_string()))?;
-        // A stream that failed after it started is a 200 whose body is `{"error": ...}`.
-        if let Some(error) = wire.error {
-            return Err(classify_status(BackendKind::Ollama, url, request.model, 500, &serde_json::json!({"error": error}).to_string(), attempts));
-        }
-        let message = wire.message.ok_or_else(|| bad("it has no `message`".into()))?;
+        let received: Received<WireResponse> = exchange(
+            BackendKind::Ollama,
+            &self.http,
+            &mut self.messages,
+            &self.chat_url,
+            None,
+            request.model,
+            &body,
+            request.messages,
+            |m| serde_json::to_string(&WireMessage::from_message(m)),
+        )?;
+        let bad = received.bad("it has no `message`");
+        let wire = received.wire;
+        let message = wire.message.ok_or(bad)?;
         let tool_calls = message
             .tool_calls
             .into_iter()
@@ -157,7 +138,7 @@ impl Backend for Ollama {
             message: Message::assistant(message.content, tool_calls),
             usage: Usage { prompt_tokens: wire.prompt_eval_count, completion_tokens: wire.eval_count },
             finish_reason: wire.done_reason,
-            retries: reply.retries,
+            retries: received.retries,
         })
     }
 }
@@ -245,6 +226,12 @@ struct WireResponse {
     prompt_eval_count: Option<u64>,
     eval_count: Option<u64>,
     error: Option<Value>,
+}
+
+impl WireReply for WireResponse {
+    fn take_error(&mut self) -> Option<Value> {
+        self.error.take()
+    }
 }
 
 #[derive(Deserialize)]

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::http::HttpClient;
 use super::{
-    classify_status, classify_transport, excerpt, Backend, BackendConfig, BackendError, BackendKind,
-    ChatRequest, ChatResponse, IdMinter, MessageCache, Usage, null_as_empty,
+    exchange, null_as_empty, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter,
+    MessageCache, Received, Usage, WireReply,
 };
 use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
 
@@ -78,39 +78,20 @@ impl Backend for OpenAi {
             temperature: request.temperature,
             stream: false,
         };
-        let url = &self.url;
-        let encoding = |e: serde_json::Error| BackendError::Config {
-            backend: BackendKind::OpenAi,
-            url: url.clone(),
-            detail: format!("could not encode the request: {e}"),
-        };
-        let body = self
-            .messages
-            .body(&serde_json::to_string(&body).map_err(encoding)?, request.messages, |m| {
-                serde_json::to_string(&WireMessage::from_message(m))
-            })
-            .map_err(encoding)?;
-        let timeout = self.http.config().request_timeout;
-        let reply = self
-            .http
-            .post_json(url, self.api_key.as_deref(), body)
-            .map_err(|err| classify_transport(BackendKind::OpenAi, url, timeout, err))?;
-        let attempts = reply.retries.len() as u32 + 1;
-        if !(200..300).contains(&reply.status) {
-            return Err(classify_status(BackendKind::OpenAi, url, request.model, reply.status, &reply.body, attempts));
-        }
-        let bad = |detail: String| BackendError::BadResponse {
-            backend: BackendKind::OpenAi,
-            url: url.clone(),
-            detail,
-            body_start: excerpt(&reply.body, 200),
-        };
-        let wire: WireResponse = serde_json::from_str(&reply.body).map_err(|e| bad(e.to_string()))?;
-        if let Some(error) = wire.error {
-            let body = serde_json::json!({ "error": error }).to_string();
-            return Err(classify_status(BackendKind::OpenAi, url, request.model, 500, &body, attempts));
-        }
-        let choice = wire.choices.into_iter().next().ok_or_else(|| bad("`choices` is empty".into()))?;
+        let received: Received<WireResponse> = exchange(
+            BackendKind::OpenAi,
+            &self.http,
+            &mut self.messages,
+            &self.url,
+            self.api_key.as_deref(),
+            request.model,
+            &body,
+            request.messages,
+            |m| serde_json::to_string(&WireMessage::from_message(m)),
+        )?;
+        let bad = received.bad("`choices` is empty");
+        let wire = received.wire;
+        let choice = wire.choices.into_iter().next().ok_or(bad)?;
         let tool_calls = choice
             .message
             .tool_calls
@@ -126,7 +107,7 @@ impl Backend for OpenAi {
             message: Message::assistant(choice.message.content.unwrap_or_default(), tool_calls),
             usage: Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens },
             finish_reason: choice.finish_reason,
-            retries: reply.retries,
+            retries: received.retries,
         })
     }
 }
@@ -203,6 +184,12 @@ struct WireResponse {
     choices: Vec<WireChoice>,
     usage: Option<WireUsage>,
     error: Option<Value>,
+}
+
+impl WireReply for WireResponse {
+    fn take_error(&mut self) -> Option<Value> {
+        self.error.take()
+    }
 }
 
 #[derive(Deserialize)]
