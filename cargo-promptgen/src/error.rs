@@ -108,20 +108,9 @@ impl fmt::Debug for Error {
 }
 
 /// The error and those of its causes that its message does not already include, one per
-/// line: several messages here quote their cause, which a plain walk of the chain would
-/// then print twice (and a compiler's diagnostics with it).
+/// line (see [`codegen_core::error_with_causes`]).
 pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str("\ncaused by: ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    codegen_core::error_with_causes(error, "\ncaused by: ")
 }
 
 /// A step that must run again, and why.

@@ -119,10 +119,12 @@ pub mod chat;
 pub mod check;
 pub mod fs;
 pub mod protocol;
+pub mod report;
 pub mod run;
 pub mod sandbox;
 pub mod tools;
 pub mod transcript;
 
 pub use protocol::ToolProtocol;
+pub use report::error_with_causes;
 pub use run::{run_prompt, Error, Step, StepFailure, StepOutput};

@@ -233,17 +233,7 @@ fn transport_kind(err: &reqwest::Error) -> TransportKind {
 /// The error and its causes on one line: reqwest's own Display leaves out the cause that
 /// matters ("connection refused").
 pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::report::error_with_causes(err, ": ")
 }
 
 pub(crate) mod duration_ms {
