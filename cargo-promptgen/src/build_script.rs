@@ -21,7 +21,7 @@ pub const MODULES_FILE: &str = "promptgen.rs";
 
 /// The file in `OUT_DIR` that records what the generated tree holds (each file's hash,
 /// length and mtime), so that a build with nothing to write need not read it back (see
-/// [`sync_dir_recorded`](crate::store::sync_dir_recorded)).
+/// [`crate::store::sync_dir_recorded`]).
 pub const RECORD_FILE: &str = "promptgen.record";
 
 /// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
