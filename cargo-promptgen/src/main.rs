@@ -223,7 +223,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut stderr = std::io::stderr();
     let mut show = |p: Progress| {
         let line = match p {
-            Progress::StepStarted { id, reasons } => format!("step {id}: running ({})", reasons.join("; ")),
+            Progress::StepStarted { id, reasons } => format!("step {id}: running, because {}", reasons.join("; ")),
             Progress::ModelCall { id, number, tokens, elapsed } => {
                 format!("step {id}: model call {number}, {tokens} tokens so far, {:.1}s", elapsed.as_secs_f64())
             }

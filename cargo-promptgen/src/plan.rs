@@ -147,7 +147,7 @@ fn assess_with(
     if let Previous::Stale(before) = previous {
         let mut reasons = committed.map(|e| explain(step, &e.fingerprint, &fingerprint)).unwrap_or_default();
         if committed.is_none() {
-            reasons.push("it was never generated (it is not in promptgen.lock)".into());
+            reasons.push("it was never generated: promptgen.lock has no entry for it".into());
         }
         reasons.push(format!("it runs after step {before}, which must run again"));
         return Ok(stale(reasons));
@@ -176,7 +176,7 @@ fn assess_with(
             }
             reasons
         }
-        (None, None) => vec!["it was never generated (it is not in promptgen.lock)".into()],
+        (None, None) => vec!["it was never generated: promptgen.lock has no entry for it".into()],
     };
     Ok(stale(reasons))
 }

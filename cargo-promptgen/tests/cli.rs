@@ -70,7 +70,7 @@ fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_outpu
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 8, "{}", text(&out));
     let err = stderr(&out);
-    assert!(err.contains("step 01: running (regeneration was asked for)"), "{err}");
+    assert!(err.contains("step 01: running, because regeneration was asked for"), "{err}");
     assert!(!err.contains("step 02: running") && !err.contains("step 03: running"), "{err}");
     assert!(err.contains("1 of 3 steps regenerated"), "{err}");
     assert_eq!(package.read("promptgen.lock"), lock, "an identical result records an identical lock");
@@ -86,8 +86,8 @@ fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_outpu
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 14, "{}", text(&out));
     let err = stderr(&out);
-    assert!(err.contains("step 02: running (the previous step's output changed)"), "{err}");
-    assert!(err.contains("step 03: running (the previous step's output changed)"), "{err}");
+    assert!(err.contains("step 02: running, because the previous step's output changed"), "{err}");
+    assert!(err.contains("step 03: running, because the previous step's output changed"), "{err}");
     assert!(err.contains("3 of 3 steps regenerated"), "{err}");
     assert_eq!(package.read("promptgen/01/a.rs"), A2);
     let out = run(&mut package.promptgen(&["check"]));
@@ -105,7 +105,7 @@ fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_outpu
     assert_eq!(server.requests().len(), 20, "{}", text(&out));
     let err = stderr(&out);
     for id in ["01", "02", "03"] {
-        assert!(err.contains(&format!("step {id}: running (regeneration was asked for)")), "{err}");
+        assert!(err.contains(&format!("step {id}: running, because regeneration was asked for")), "{err}");
     }
     assert!(err.contains("3 of 3 steps regenerated"), "{err}");
 
