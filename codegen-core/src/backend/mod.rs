@@ -540,9 +540,15 @@ pub(crate) struct IdMinter {
 }
 
 impl IdMinter {
-    pub fn mint(&mut self) -> String {
-        self.next += 1;
-        format!("call_pg{}", self.next)
+    /// The id a server (or script) gave a call, or a new one when it gave none or an empty one.
+    pub fn keep_or_mint(&mut self, id: Option<String>) -> String {
+        match id {
+            Some(id) if !id.is_empty() => id,
+            _ => {
+                self.next += 1;
+                format!("call_pg{}", self.next)
+            }
+        }
     }
 }
 

@@ -129,7 +129,7 @@ impl Backend for Ollama {
             .tool_calls
             .into_iter()
             .map(|call| ToolCall {
-                id: call.id.filter(|id| !id.is_empty()).unwrap_or_else(|| self.ids.mint()),
+                id: self.ids.keep_or_mint(call.id),
                 name: call.function.name,
                 arguments: Arguments::from_value(call.function.arguments),
             })

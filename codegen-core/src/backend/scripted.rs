@@ -91,7 +91,7 @@ impl Scripted {
                     .calls
                     .into_iter()
                     .map(|call| ToolCall {
-                        id: call.id.unwrap_or_else(|| ids.mint()),
+                        id: ids.keep_or_mint(call.id),
                         name: call.name,
                         arguments: Arguments::from_value(call.arguments),
                     })
