@@ -20,6 +20,7 @@
 //! protocol = "native"                   # "native" | "json" | "blocks" (default "native")
 //! system_prompt = "prompts/system.md"   # optional file, relative to the package directory
 //! num_ctx = 16384                       # optional, Ollama's context window
+//! max_output_tokens = 4096              # optional, >= 1: the most tokens one reply may have
 //! request_timeout_secs = 600            # optional, >= 1
 //!
 //! [[package.metadata.promptgen.steps]]
@@ -84,6 +85,7 @@ pub const CHAIN_KEYS: &[&str] = &[
     "protocol",
     "system_prompt",
     "num_ctx",
+    "max_output_tokens",
     "request_timeout_secs",
     "check",
     "check_rounds",
@@ -101,6 +103,7 @@ pub const WORKSPACE_KEYS: &[&str] = &[
     "protocol",
     "system_prompt",
     "num_ctx",
+    "max_output_tokens",
     "request_timeout_secs",
     "check",
     "check_rounds",
@@ -205,6 +208,8 @@ pub struct Chain {
     pub api_key: Option<String>,
     /// Ollama's context window in tokens.
     pub num_ctx: u32,
+    /// The most tokens one model reply may have.
+    pub max_output_tokens: u32,
     /// Time allowed for one whole model request.
     pub request_timeout: Duration,
     /// The package's Rust edition (`package.edition`, inherited from the workspace when it
@@ -223,6 +228,7 @@ impl Chain {
         config.base_url = self.base_url.clone();
         config.api_key = self.api_key.clone();
         config.num_ctx = self.num_ctx;
+        config.max_output_tokens = self.max_output_tokens;
         config.script = step.script.clone();
         config.http = HttpConfig { request_timeout: self.request_timeout, ..HttpConfig::default() };
         config
@@ -690,6 +696,8 @@ pub fn load(
     let api_key = if backend == BackendKind::OpenAi { var("OPENAI_API_KEY") } else { None };
 
     let num_ctx = pick(&layers, |l| l.num_ctx).map_or(BackendConfig::DEFAULT_NUM_CTX, |(v, _)| v);
+    let max_output_tokens =
+        pick(&layers, |l| l.max_output_tokens).map_or(BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS, |(v, _)| v);
     let request_timeout = pick(&layers, |l| l.request_timeout_secs)
         .map_or(HttpConfig::default().request_timeout, |(secs, _)| Duration::from_secs(secs));
 
@@ -767,6 +775,7 @@ pub fn load(
         base_url_origin,
         api_key,
         num_ctx,
+        max_output_tokens,
         request_timeout,
         edition,
         steps,
@@ -785,6 +794,7 @@ struct Layer {
     protocol: Option<ToolProtocol>,
     system_prompt: Option<PathBuf>,
     num_ctx: Option<u32>,
+    max_output_tokens: Option<u32>,
     request_timeout_secs: Option<u64>,
     check: Option<CheckSpec>,
     check_rounds: Option<u32>,
@@ -813,6 +823,8 @@ impl Layer {
             protocol: r.protocol()?,
             system_prompt,
             num_ctx: r.positive_u32("num_ctx", "a positive integer number of tokens (e.g. 16384)")?,
+            max_output_tokens: r
+                .positive_u32("max_output_tokens", "a positive integer number of tokens per model reply (e.g. 4096)")?,
             request_timeout_secs: r.positive_u64("request_timeout_secs", "a positive number of seconds (e.g. 600)")?,
             check: r.check()?,
             check_rounds: r.check_rounds()?,
@@ -951,7 +963,7 @@ fn check_keys(
             continue;
         }
         let step_only = ["id", "prompt", "outputs", "inputs", "script"];
-        let chain_only = ["backend", "base_url", "num_ctx", "request_timeout_secs", "steps"];
+        let chain_only = ["backend", "base_url", "num_ctx", "max_output_tokens", "request_timeout_secs", "steps"];
         let hint = if name == "api_key" {
             "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment.".to_string()
         } else if level != Level::Step && step_only.contains(&name.as_str()) {

@@ -1,13 +1,14 @@
-//! End to end against a REAL model server: llama-cpp-python's OpenAI-compatible server with
-//! SmolLM2-135M. `scripts/real-llm.sh` installs and starts it, then runs these tests with
-//! `--ignored`; without the server they are ignored (and run by hand without it, they fail
-//! loudly rather than pass).
+//! End to end against REAL model servers: llama.cpp's `llama-server` and llama-cpp-python,
+//! both serving SmolLM2-135M. `scripts/real-llm.sh` builds them, starts one, and runs these
+//! tests with `--ignored` against it; then does the same with the other. Without a server they
+//! are ignored (and run by hand without one, they fail loudly rather than pass).
 //!
-//! The model is tiny: the server constrains its tool calls with a grammar, so they are
-//! well-formed, but what it writes and when it stops are not up to us. These tests assert
+//! The model is tiny: what it writes and when it stops are not up to us. These tests assert
 //! only what does not depend on the model being clever: the protocol works both ways, calls
-//! are parsed and run inside the sandbox, tokens are counted, and every outcome is either a
-//! clean result or a clear error that leaves the lock alone.
+//! are parsed and run inside the sandbox, tokens are counted, overflows and dead servers are
+//! clear errors, and every outcome is either a clean result or a clear error that leaves the
+//! lock alone. A server that dies while they run is reported as a death (its signal and its
+//! log's tail), never as a connection error.
 
 mod support;
 
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use codegen_core::backend::{BackendConfig, BackendKind};
+use codegen_core::backend::{BackendConfig, BackendError, BackendKind};
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript};
 use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
@@ -23,14 +24,53 @@ use support::{run, text, Package};
 
 const WHY: &str = "needs a real llama.cpp server: run scripts/real-llm.sh";
 
+/// The cap on each reply: a babbling 135M model otherwise fills the context.
+const OUTPUT_CAP: u32 = 384;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: these tests {WHY}"))
+}
+
 fn server_url() -> String {
-    std::env::var("PROMPTGEN_REAL_LLM_URL")
-        .unwrap_or_else(|_| panic!("PROMPTGEN_REAL_LLM_URL is not set: these tests {WHY}"))
+    env("PROMPTGEN_REAL_LLM_URL")
+}
+
+/// `llama-server` or `llama-cpp-python`.
+fn server_kind() -> String {
+    env("PROMPTGEN_REAL_LLM_SERVER")
+}
+
+/// Put at the top of every test: if the test fails and the shared server has died, says so,
+/// with its signal and the end of its log (scripts/real-llm.sh watches it and writes its exit
+/// status), so that a crash is not mistaken for the connection errors it causes.
+struct ServerWatch;
+
+impl Drop for ServerWatch {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(death) = server_death()
+        {
+            eprintln!("\n*** {death}");
+        }
+    }
+}
+
+/// How the shared server ended, if it has: "the server exited with signal 4 (status 132);
+/// its log ends: ...".
+fn server_death() -> Option<String> {
+    let status = std::fs::read_to_string(std::env::var("PROMPTGEN_REAL_LLM_SERVER_STATUS").ok()?).ok()?;
+    let code: i32 = status.trim().parse().ok()?;
+    let how = if code > 128 { format!("signal {} (status {code})", code - 128) } else { format!("status {code}") };
+    let log = std::env::var("PROMPTGEN_REAL_LLM_SERVER_LOG").ok().and_then(|p| std::fs::read_to_string(p).ok());
+    let tail: Vec<&str> = log.as_deref().unwrap_or("").lines().rev().take(20).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    Some(format!("the {} server exited with {how}; its log ends:\n{}", server_kind(), tail.join("\n")))
 }
 
 fn backend(url: &str) -> Box<dyn codegen_core::backend::Backend> {
     let mut config = BackendConfig::new(BackendKind::OpenAi);
     config.base_url = Some(url.to_string());
+    config.max_output_tokens = OUTPUT_CAP;
     config.http.request_timeout = Duration::from_secs(300);
     config.open().unwrap()
 }
@@ -65,7 +105,8 @@ fn report(label: &str, transcript: &Transcript) {
     let totals = transcript.totals();
     let ours = totals.wall_time.saturating_sub(totals.model_time);
     println!(
-        "MEASURE {label}: {} model calls, {} prompt + {} completion tokens, wall {:.2}s, server {:.2}s, loop {:.1}ms ({:.3}% of wall)",
+        "MEASURE {} {label}: {} model calls, {} prompt + {} completion tokens, wall {:.2}s, server {:.2}s, loop {:.1}ms ({:.3}% of wall)",
+        server_kind(),
         totals.model_calls,
         totals.prompt_tokens,
         totals.completion_tokens,
@@ -79,6 +120,9 @@ fn report(label: &str, transcript: &Transcript) {
 /// A clean result, or the one error a weak model may earn: running out of budget.
 fn assert_clean(result: &Result<StepOutput, StepFailure>) {
     if let Err(failure) = result {
+        if let Some(death) = server_death() {
+            panic!("{death}\n(the step failed with: {failure})");
+        }
         assert!(matches!(failure.error, Error::BudgetExhausted { .. }), "unexpected failure: {failure}");
         assert!(failure.to_string().contains("max_steps"), "{failure}");
     }
@@ -87,6 +131,7 @@ fn assert_clean(result: &Result<StepOutput, StepFailure>) {
 #[test]
 #[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
 fn a_native_step_gets_a_real_tool_call_runs_it_in_the_sandbox_and_counts_tokens() {
+    let _watch = ServerWatch;
     let (dir, result) = one_step(ToolProtocol::Native, 6);
     let transcript = transcript(&result);
     report("native step", transcript);
@@ -127,6 +172,7 @@ fn a_native_step_gets_a_real_tool_call_runs_it_in_the_sandbox_and_counts_tokens(
 #[test]
 #[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
 fn the_json_and_blocks_protocols_reach_the_model_and_end_cleanly() {
+    let _watch = ServerWatch;
     for protocol in [ToolProtocol::Json, ToolProtocol::Blocks] {
         let (_dir, result) = one_step(protocol, 4);
         let transcript = transcript(&result);
@@ -140,6 +186,7 @@ fn the_json_and_blocks_protocols_reach_the_model_and_end_cleanly() {
 #[test]
 #[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
 fn an_unknown_model_name_is_served_by_the_default_model() {
+    let _watch = ServerWatch;
     // llama-cpp-python serves its one model under any name (`LlamaProxy::__call__` falls back
     // to the default alias), so no "model not found" can be had from it: the not-found path is
     // pinned by the recorded Ollama replies and the fake server instead. What we can check is
@@ -153,6 +200,29 @@ fn an_unknown_model_name_is_served_by_the_default_model() {
     assert!(transcript(&result).totals().prompt_tokens > 0);
 }
 
+/// A prompt longer than the server's context (8192 tokens) is refused by the server before it
+/// generates anything; the error must say what to change, not just "HTTP 400".
+#[test]
+#[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
+fn a_prompt_over_the_context_window_is_a_clear_error_naming_what_to_change() {
+    let _watch = ServerWatch;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
+    let long = "Here is a long input that the model must read. ".repeat(1200);
+    let mut step = Step::new("smollm2", format!("{long}\nNow write hello.txt."));
+    step.protocol(ToolProtocol::Json).max_steps(2);
+    let started = Instant::now();
+    let failure = step.run(backend(&server_url()).as_mut(), &mut sandbox).unwrap_err();
+    println!("MEASURE {} context overflow refused in {:.2}s: {failure}", server_kind(), started.elapsed().as_secs_f64());
+    match &failure.error {
+        Error::Backend(BackendError::ContextOverflow { .. }) => {}
+        other => panic!("expected a context overflow, got: {other}"),
+    }
+    let message = failure.to_string();
+    assert!(message.contains("context") && message.contains("--ctx-size") && message.contains("inputs"), "{message}");
+    assert_eq!(failure.transcript.totals().model_calls, 0, "the refused request generated nothing");
+}
+
 const ONE_STEP: &str = r#"
 [package.metadata.promptgen]
 backend = "openai"
@@ -162,6 +232,7 @@ temperature = 0.0
 max_steps = 4
 protocol = "json"
 request_timeout_secs = 300
+max_output_tokens = 384
 
 [[package.metadata.promptgen.steps]]
 id = "01"
@@ -171,6 +242,7 @@ prompt = "prompts/01.md"
 #[test]
 #[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
 fn cargo_promptgen_records_a_real_run_and_the_next_run_calls_no_model() {
+    let _watch = ServerWatch;
     let package = Package::new(ONE_STEP, "");
     package.write("prompts/01.md", "Write the file hello.txt containing the text: hello world.\n");
     let started = Instant::now();
@@ -200,25 +272,48 @@ struct OwnServer {
 }
 
 impl OwnServer {
+    /// Starts the same kind of server as the shared one, on a port of its own, through
+    /// `PROMPTGEN_REAL_LLM_SERVE` (`bash scripts/real-llm.sh serve <kind>`, which execs it).
     fn start() -> OwnServer {
-        let python = std::env::var("PROMPTGEN_REAL_LLM_PYTHON").unwrap_or_else(|_| panic!("PROMPTGEN_REAL_LLM_PYTHON: {WHY}"));
-        let model = std::env::var("PROMPTGEN_REAL_LLM_MODEL").unwrap_or_else(|_| panic!("PROMPTGEN_REAL_LLM_MODEL: {WHY}"));
+        let serve = env("PROMPTGEN_REAL_LLM_SERVE");
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(python)
-            .args(["-m", "llama_cpp.server", "--model", &model, "--chat_format", "chatml-function-calling"])
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        let mut words = serve.split_whitespace();
+        let mut child = Command::new(words.next().unwrap())
+            .args(words)
+            .arg(port.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let url = format!("http://127.0.0.1:{port}/v1");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the second server did not start");
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the second {} server exited while starting: {status}", server_kind());
+            }
+            // llama-server accepts connections while it loads (and answers 503): ask for the
+            // model list, which only a ready server gives.
+            if models_answer(port) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the second server did not start within 3 minutes");
             std::thread::sleep(Duration::from_millis(200));
         }
         OwnServer { child, url }
     }
+}
+
+/// Whether `GET /v1/models` on `port` answers 200.
+fn models_answer(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = format!("GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
 impl Drop for OwnServer {
@@ -234,6 +329,7 @@ backend = "openai"
 model = "smollm2"
 max_steps = 3
 protocol = "json"
+max_output_tokens = 384
 
 [[package.metadata.promptgen.steps]]
 id = "01"
@@ -247,6 +343,7 @@ prompt = "prompts/02.md"
 #[test]
 #[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
 fn a_server_stopped_midway_is_a_clear_error_and_the_lock_keeps_what_finished() {
+    let _watch = ServerWatch;
     let mut server = OwnServer::start();
     let package = Package::new(TWO_STEPS, "");
     package.write("prompts/01.md", "Say hello.\n");

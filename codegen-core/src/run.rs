@@ -394,7 +394,8 @@ impl<'a> Run<'a> {
                 finish_reason: response.finish_reason.clone(),
                 volatile: Some(CallVolatile { duration: sent_at.elapsed(), retries: response.retries }),
             });
-            match self.handle_reply(response.message)? {
+            let cut_off = response.finish_reason.as_deref() == Some("length");
+            match self.handle_reply(response.message, cut_off)? {
                 Turn::Continue => {}
                 ended => return Ok(ended),
             }
@@ -440,8 +441,16 @@ impl<'a> Run<'a> {
     }
 
     /// Turns the reply into tool calls and problems, runs the calls, and answers the model.
-    fn handle_reply(&mut self, reply: Message) -> Result<Turn, Error> {
-        let (calls, problems) = self.calls_in(&reply);
+    /// A reply the server `cut_off` at its output cap is never taken as the model's last word.
+    fn handle_reply(&mut self, reply: Message, cut_off: bool) -> Result<Turn, Error> {
+        let (calls, mut problems) = self.calls_in(&reply);
+        if cut_off {
+            problems.push(
+                "Your reply was cut off at the server's output limit, so anything after the cut was lost. \
+                 Keep replies short: one tool call per reply, and write long files in full but without commentary."
+                    .to_string(),
+            );
+        }
         let native = !reply.tool_calls.is_empty();
         self.push_message(reply);
 

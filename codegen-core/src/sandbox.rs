@@ -941,6 +941,11 @@ fn normalize(path: &str) -> Result<Vec<String>, String> {
                     "contains `:`, which file names may not contain; use letters, digits, `-`, `_` and `.`".to_owned()
                 );
             }
+            // A name of spaces alone (` /`) is legal on disk but a trap: `" "` alone is refused
+            // as empty, so the file could be written and never named again.
+            _ if comp.trim().is_empty() => {
+                return Err(format!("contains a name made only of spaces; give a path such as `{EXAMPLE}`"));
+            }
             _ => comps.push(comp.to_owned()),
         }
     }
@@ -1076,6 +1081,10 @@ mod tests {
         }
         assert!(normalize("/src/lib.rs").unwrap_err().contains("e.g. `src/lib.rs`"));
         assert!(normalize("a\\b").unwrap_err().contains("`a/b`"));
+        // Regression (found by the property test below): ` /` was written as a file named ` `
+        // that no later call could name.
+        assert!(normalize(" /").unwrap_err().contains("only of spaces"));
+        assert!(normalize("a/ /b.rs").unwrap_err().contains("only of spaces"));
     }
 
     #[test]

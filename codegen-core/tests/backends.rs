@@ -70,7 +70,15 @@ fn ollama_request_has_the_native_shape() {
     assert_eq!(body["model"], "m1");
     assert_eq!(body["stream"], false);
     assert_eq!(body["think"], false);
-    assert_eq!(body["options"], json!({"seed": 7, "temperature": 0.0, "num_ctx": BackendConfig::DEFAULT_NUM_CTX}));
+    assert_eq!(
+        body["options"],
+        json!({
+            "seed": 7,
+            "temperature": 0.0,
+            "num_ctx": BackendConfig::DEFAULT_NUM_CTX,
+            "num_predict": BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS,
+        })
+    );
     assert_eq!(body["messages"], json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "write a.rs"}]));
     let tools = body["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 4);
@@ -81,15 +89,16 @@ fn ollama_request_has_the_native_shape() {
 }
 
 #[test]
-fn ollama_num_ctx_is_configurable_and_tools_are_left_out_when_none_are_offered() {
+fn ollama_num_ctx_and_output_cap_are_configurable_and_tools_are_left_out_when_none_are_offered() {
     let server = FakeLlm::start(vec![Reply::turn(Turn::text("ok"))]);
     let mut config = BackendConfig::new(BackendKind::Ollama);
     config.base_url = Some(server.url());
     config.num_ctx = 32_768;
+    config.max_output_tokens = 512;
     let mut backend = config.open().unwrap();
     backend.chat(&ChatRequest { model: "m", messages: &hello(), tools: &[], seed: None, temperature: None }).unwrap();
     let body = server.requests()[0].json();
-    assert_eq!(body["options"], json!({"num_ctx": 32768}));
+    assert_eq!(body["options"], json!({"num_ctx": 32768, "num_predict": 512}));
     assert!(body.get("tools").is_none(), "{body}");
 }
 
@@ -151,9 +160,51 @@ fn openai_request_has_the_chat_completions_shape() {
     assert_eq!(body["seed"], 7);
     assert_eq!(body["temperature"], 0.0);
     assert_eq!(body["stream"], false);
+    assert_eq!(body["max_tokens"], BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS);
+    assert!(body.get("max_completion_tokens").is_none(), "{body}");
     assert_eq!(body["tools"][0]["type"], "function");
     assert_eq!(body["tools"][0]["function"]["name"], "read_file");
     assert!(body.get("options").is_none() && body.get("think").is_none());
+}
+
+/// Without a cap a babbling model filled llama-server's whole context (4096 tokens, 106 s),
+/// and the next request overflowed it: every request carries the cap.
+#[test]
+fn openai_requests_carry_the_output_cap_in_the_field_the_server_reads() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("ok"))]);
+    let mut config = BackendConfig::new(BackendKind::OpenAi);
+    config.base_url = Some(format!("{}/v1", server.url()));
+    config.max_output_tokens = 300;
+    config.open().unwrap().chat(&ChatRequest { model: "m", messages: &hello(), tools: &[], seed: None, temperature: None }).unwrap();
+    let body = server.requests()[0].json();
+    assert_eq!(body["max_tokens"], 300, "{body}");
+    assert!(body.get("max_completion_tokens").is_none(), "{body}");
+}
+
+#[test]
+fn a_context_overflow_from_llama_server_says_what_to_change_and_is_not_retried() {
+    // The body llama-server sent when a babbling reply had filled its context (seen here).
+    let body = json!({"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 4155, "n_ctx": 4096,
+        "message": "request (4155 tokens) exceeds the available context size (4096 tokens), try increasing it"}});
+    let server = FakeLlm::start(vec![Reply::status(400, body)]);
+    let mut backend = openai(&server);
+    let err = ask(backend.as_mut(), &hello()).unwrap_err();
+    assert!(matches!(err, BackendError::ContextOverflow { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("4155 tokens") && text.contains("--ctx-size") && text.contains("fewer or smaller inputs"), "{text}");
+    assert_eq!(server.requests().len(), 1, "an overflow is not retried");
+}
+
+#[test]
+fn a_context_overflow_from_llama_cpp_python_is_recognised_too() {
+    let server = FakeLlm::start(vec![Reply::openai_error(
+        400,
+        "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2100 in the messages, 4096 in the completion). Please reduce the length of the messages or completion.",
+        "invalid_request_error",
+        Some("context_length_exceeded"),
+    )]);
+    let err = ask(openai(&server).as_mut(), &hello()).unwrap_err();
+    assert!(matches!(err, BackendError::ContextOverflow { .. }), "{err:?}");
 }
 
 #[test]
@@ -302,6 +353,8 @@ fn server_not_running_names_the_url_and_how_to_start_ollama() {
     }
     let text = err.to_string();
     assert!(text.contains(&url) && text.contains("ollama serve") && text.contains("OLLAMA_HOST"), "{text}");
+    // The hint names the base URL to put in OLLAMA_HOST, never the endpoint.
+    assert!(text.contains(&format!("instead of {url}.")) && !text.contains("/api/chat."), "{text}");
 
     let mut backend = open(BackendKind::OpenAi, format!("{url}/v1"));
     let text = ask(backend.as_mut(), &hello()).unwrap_err().to_string();

@@ -332,3 +332,24 @@ fn the_one_call_shortcut_writes_under_the_output_root() {
     assert_eq!(output.written, ["x.rs"]);
     assert_eq!(std::fs::read_to_string(Path::new(&out).join("x.rs")).unwrap(), "x");
 }
+
+/// A reply the server cut at its output cap (`finish_reason: "length"`) is not the model's
+/// last word: the model is told what happened and tries again, within the budget.
+#[test]
+fn a_reply_cut_off_at_the_output_cap_is_answered_not_taken_as_the_end() {
+    let cut = json!({
+        "id": "x", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Here is the file: ```rust\nfn a("},
+                     "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 512}
+    });
+    let server = FakeLlm::start(vec![Reply::json(cut), Reply::turn(write("a.rs", "fn a() {}\n")), Reply::turn(finish())]);
+    let setup = Setup::new();
+    let output = run(BackendKind::OpenAi, &server, &setup, &Step::new("m", "Write a.rs.")).unwrap();
+    assert_eq!(output.end, EndOutcome::Finished);
+    assert_eq!(setup.read("a.rs"), "fn a() {}\n");
+    let second = server.requests()[1].json();
+    let told = second["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
+    assert!(told.contains("cut off at the server's output limit"), "{told}");
+    assert_eq!(output.transcript.totals().repairs, 1);
+}

@@ -124,6 +124,9 @@ pub struct BackendConfig {
     pub api_key: Option<String>,
     /// Ollama's context window in tokens, sent as `options.num_ctx` on every request.
     pub num_ctx: u32,
+    /// The most tokens one reply may have: `options.num_predict` for Ollama, `max_tokens`
+    /// (`max_completion_tokens` for api.openai.com) for OpenAI-compatible servers.
+    pub max_output_tokens: u32,
     /// The file of canned turns, for `scripted`.
     pub script: Option<PathBuf>,
     /// Timeouts and retries of the HTTP backends.
@@ -136,6 +139,11 @@ impl BackendConfig {
     /// enough for a few source files and fits every current code model.
     pub const DEFAULT_NUM_CTX: u32 = 16_384;
 
+    /// Without a cap, a model that babbles generates until the server's context is full
+    /// (seen: 4096 tokens and 106 s from a small model on llama-server), and the next request
+    /// then overflows it. 4096 tokens is about 16 KB of code: more than one file a call needs.
+    pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4_096;
+
     /// A configuration of `kind` with every other field at its default.
     pub fn new(kind: BackendKind) -> BackendConfig {
         BackendConfig {
@@ -143,6 +151,7 @@ impl BackendConfig {
             base_url: None,
             api_key: None,
             num_ctx: BackendConfig::DEFAULT_NUM_CTX,
+            max_output_tokens: BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS,
             script: None,
             http: HttpConfig::default(),
         }
@@ -226,8 +235,18 @@ pub enum BackendError {
         /// What the server said.
         server_message: String,
     },
+    /// The conversation no longer fits the server's context window.
+    #[error("{backend} at {url} says the conversation no longer fits the model's context window: {server_message}\nGive the server a larger context (llama-server `-c`/`--ctx-size`, llama-cpp-python `--n_ctx`, Ollama `num_ctx`), give the step fewer or smaller inputs, or lower `max_output_tokens` and the step's budget of model calls so that its history stays shorter.")]
+    ContextOverflow {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// What the server said.
+        server_message: String,
+    },
     /// The API key is missing, wrong, or lacks access.
-    #[error("{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY (or `api_key`) to a valid key for this server.")]
+    #[error("{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY in the environment to a valid key for this server.")]
     Unauthorized {
         /// Which backend.
         backend: BackendKind,
@@ -303,14 +322,18 @@ pub enum BackendError {
 }
 
 fn unreachable_hint(backend: BackendKind, url: &str) -> String {
+    // The variables take the server's base URL, not the endpoint this request went to: a
+    // user who pastes `.../api/chat` into OLLAMA_HOST gets `.../api/chat/api/chat`.
+    let base = url.strip_suffix("/api/chat").or_else(|| url.strip_suffix("/chat/completions")).unwrap_or(url);
     match backend {
         BackendKind::Ollama => format!(
             "Is Ollama running? Start it with `ollama serve` (or the Ollama app), or set OLLAMA_HOST \
-             (or `base_url`) to where it listens instead of {url}."
+             (or `base_url`) to the base URL where it listens instead of {base}."
         ),
         _ => format!(
-            "Is the server running? Start it, or set OPENAI_BASE_URL (or `base_url`) to where it \
-             listens instead of {url}; a llama.cpp server, vLLM and LM Studio each print their URL when they start."
+            "Is the server running? Start it, or set OPENAI_BASE_URL (or `base_url`) to the base URL where it \
+             listens instead of {base} (usually ending in /v1); a llama.cpp server, vLLM and LM Studio each print \
+             their URL when they start."
         ),
     }
 }
@@ -338,26 +361,45 @@ pub(crate) fn excerpt(text: &str, max: usize) -> String {
     }
 }
 
-/// The message of an error body in either protocol's shape (`{"error": "..."}`,
-/// `{"error": {"message": ..., "code": ...}}`), with its code when there is one; the raw
-/// body when it is neither.
-pub(crate) fn server_error(body: &str) -> (String, Option<String>) {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else {
-        return (excerpt(body.trim(), 500), None);
+/// What an error body says, in either protocol's shape (`{"error": "..."}`,
+/// `{"error": {"message": ..., "type": ..., "code": ...}}`); the raw body as the message when
+/// it is neither.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct ServerError {
+    pub message: String,
+    /// `error.code`, as text (llama-server sends the HTTP status there as a number).
+    pub code: Option<String>,
+    /// `error.type`.
+    pub kind: Option<String>,
+}
+
+pub(crate) fn server_error(body: &str) -> ServerError {
+    let raw = || ServerError { message: excerpt(body.trim(), 500), ..ServerError::default() };
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else { return raw() };
+    let text = |v: Option<&serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        _ => None,
     };
     match value.get("error") {
-        Some(serde_json::Value::String(message)) => (message.clone(), None),
-        Some(serde_json::Value::Object(error)) => {
-            let message = error.get("message").and_then(|m| m.as_str()).unwrap_or("(no message)").to_string();
-            let code = error.get("code").or_else(|| error.get("type")).and_then(|c| match c {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
-            (message, code)
-        }
-        _ => (excerpt(body.trim(), 500), None),
+        Some(serde_json::Value::String(message)) => ServerError { message: message.clone(), ..ServerError::default() },
+        Some(serde_json::Value::Object(error)) => ServerError {
+            message: error.get("message").and_then(|m| m.as_str()).unwrap_or("(no message)").to_string(),
+            code: text(error.get("code")),
+            kind: text(error.get("type")),
+        },
+        _ => raw(),
     }
+}
+
+/// Whether an error says the prompt does not fit the context window: OpenAI's and
+/// llama-cpp-python's `context_length_exceeded`, llama-server's `exceed_context_size_error`.
+fn is_context_overflow(error: &ServerError) -> bool {
+    let lower = error.message.to_lowercase();
+    error.code.as_deref() == Some("context_length_exceeded")
+        || error.kind.as_deref() == Some("exceed_context_size_error")
+        || lower.contains("maximum context length")
+        || (lower.contains("context") && lower.contains("exceed"))
 }
 
 /// Turns a final non-2xx reply into the error that tells the user what to do. Both HTTP
@@ -370,13 +412,17 @@ pub(crate) fn classify_status(
     body: &str,
     attempts: u32,
 ) -> BackendError {
-    let (server_message, code) = server_error(body);
-    let lower = server_message.to_lowercase();
-    let code = code.unwrap_or_default();
+    let error = server_error(body);
+    let lower = error.message.to_lowercase();
+    let code = error.code.clone().unwrap_or_default();
     let (url, model) = (url.to_string(), model.to_string());
     if lower.contains("does not support tools") {
-        return BackendError::ToolsUnsupported { backend, model, server_message };
+        return BackendError::ToolsUnsupported { backend, model, server_message: error.message };
     }
+    if (400..500).contains(&status) && is_context_overflow(&error) {
+        return BackendError::ContextOverflow { backend, url, server_message: error.message };
+    }
+    let server_message = error.message;
     let model_missing = status == 404 && lower.contains("model") && lower.contains("not found");
     if model_missing || code == "model_not_found" {
         return BackendError::ModelNotFound { backend, url, model, server_message };
@@ -587,16 +633,60 @@ mod tests {
 
     #[test]
     fn server_errors_are_read_in_every_shape() {
-        assert_eq!(server_error(r#"{"error":"model 'x' not found"}"#), ("model 'x' not found".into(), None));
+        let error = |message: &str, code: Option<&str>, kind: Option<&str>| ServerError {
+            message: message.into(),
+            code: code.map(Into::into),
+            kind: kind.map(Into::into),
+        };
+        assert_eq!(server_error(r#"{"error":"model 'x' not found"}"#), error("model 'x' not found", None, None));
         assert_eq!(
             server_error(r#"{"error":{"message":"bad key","type":"invalid_request_error","code":"invalid_api_key"}}"#),
-            ("bad key".into(), Some("invalid_api_key".into()))
+            error("bad key", Some("invalid_api_key"), Some("invalid_request_error"))
         );
         assert_eq!(
             server_error(r#"{"error":{"code":500,"message":"boom","type":"server_error"}}"#),
-            ("boom".into(), Some("500".into()))
+            error("boom", Some("500"), Some("server_error"))
         );
-        assert_eq!(server_error("<html>bad gateway</html>"), ("<html>bad gateway</html>".into(), None));
+        assert_eq!(server_error("<html>bad gateway</html>"), error("<html>bad gateway</html>", None, None));
+    }
+
+    #[test]
+    fn a_context_overflow_says_what_to_change_in_each_servers_shape() {
+        // llama-server (seen on this team's machine), llama-cpp-python, OpenAI.
+        let bodies = [
+            r#"{"error":{"code":400,"message":"request (4155 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4155,"n_ctx":4096}}"#,
+            r#"{"error":{"message":"This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2100 in the messages, None in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+            r#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        ];
+        for body in bodies {
+            let err = classify_status(BackendKind::OpenAi, "http://h/v1/chat/completions", "m", 400, body, 1);
+            assert!(matches!(err, BackendError::ContextOverflow { .. }), "{err:?}");
+            let text = err.to_string();
+            assert!(text.contains("context") && text.contains("-c") && text.contains("max_output_tokens"), "{text}");
+        }
+        // A 5xx that mentions the context is the server's trouble, not an overflow.
+        let err = classify_status(BackendKind::OpenAi, "u", "m", 500, r#"{"error":"context exceeded in kv cache"}"#, 1);
+        assert!(matches!(err, BackendError::Status { status: 500, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn the_server_down_hint_names_the_base_url_not_the_endpoint() {
+        let err = BackendError::Unreachable {
+            backend: BackendKind::Ollama,
+            url: "http://127.0.0.1:11434/api/chat".into(),
+            detail: "refused".into(),
+            attempts: 3,
+        };
+        let text = err.to_string();
+        assert!(text.contains("instead of http://127.0.0.1:11434."), "{text}");
+        let err = BackendError::Unreachable {
+            backend: BackendKind::OpenAi,
+            url: "http://127.0.0.1:8080/v1/chat/completions".into(),
+            detail: "refused".into(),
+            attempts: 3,
+        };
+        let text = err.to_string();
+        assert!(text.contains("instead of http://127.0.0.1:8080/v1 "), "{text}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub struct Ollama {
     host: String,
     chat_url: String,
     num_ctx: u32,
+    max_output_tokens: u32,
     http: HttpClient,
     ids: IdMinter,
     /// The history as last sent, encoded.
@@ -38,7 +39,15 @@ impl Ollama {
             url: host.clone(),
             detail,
         })?;
-        Ok(Ollama { chat_url: format!("{host}/api/chat"), host, num_ctx: config.num_ctx, http, ids: IdMinter::default(), messages: MessageCache::default() })
+        Ok(Ollama {
+            chat_url: format!("{host}/api/chat"),
+            host,
+            num_ctx: config.num_ctx,
+            max_output_tokens: config.max_output_tokens,
+            http,
+            ids: IdMinter::default(),
+            messages: MessageCache::default(),
+        })
     }
 
     /// The server's base URL, as resolved.
@@ -109,7 +118,12 @@ impl Backend for Ollama {
             tools: request.tools.iter().map(WireTool::from_spec).collect(),
             stream: false,
             think: false,
-            options: WireOptions { seed: request.seed, temperature: request.temperature, num_ctx: self.num_ctx },
+            options: WireOptions {
+                seed: request.seed,
+                temperature: request.temperature,
+                num_ctx: self.num_ctx,
+                num_predict: self.max_output_tokens,
+            },
         };
         let received: Received<WireResponse> = exchange(
             BackendKind::Ollama,
@@ -161,6 +175,8 @@ struct WireOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     num_ctx: u32,
+    /// The output cap per reply.
+    num_predict: u32,
 }
 
 #[derive(Serialize)]

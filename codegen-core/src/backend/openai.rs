@@ -24,6 +24,8 @@ pub struct OpenAi {
     base: String,
     url: String,
     api_key: Option<String>,
+    /// The output cap per reply, and the field that carries it.
+    output_cap: (OutputCapField, u32),
     http: HttpClient,
     ids: IdMinter,
     /// The history as last sent, encoded.
@@ -50,7 +52,16 @@ impl OpenAi {
         }
         let api_key = config.api_key.clone().or_else(|| std::env::var("OPENAI_API_KEY").ok()).and_then(non_empty);
         let http = HttpClient::new(config.http.clone()).map_err(config_error)?;
-        Ok(OpenAi { url: format!("{base}/chat/completions"), base, api_key, http, ids: IdMinter::default(), messages: MessageCache::default() })
+        let output_cap = (OutputCapField::for_base_url(&base), config.max_output_tokens);
+        Ok(OpenAi {
+            url: format!("{base}/chat/completions"),
+            base,
+            api_key,
+            output_cap,
+            http,
+            ids: IdMinter::default(),
+            messages: MessageCache::default(),
+        })
     }
 
     /// The base URL, as resolved.
@@ -76,6 +87,8 @@ impl Backend for OpenAi {
             tool_choice: has_tools.then_some("auto"),
             seed: request.seed,
             temperature: request.temperature,
+            max_tokens: (self.output_cap.0 == OutputCapField::MaxTokens).then_some(self.output_cap.1),
+            max_completion_tokens: (self.output_cap.0 == OutputCapField::MaxCompletionTokens).then_some(self.output_cap.1),
             stream: false,
         };
         let received: Received<WireResponse> = exchange(
@@ -124,7 +137,33 @@ struct WireRequest<'a> {
     seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
     stream: bool,
+}
+
+/// Which request field carries the output cap.
+///
+/// Every compatible server reads `max_tokens` (llama-cpp-python reads nothing else), while
+/// OpenAI's own reasoning models refuse it with a 400 asking for `max_completion_tokens`,
+/// which OpenAI accepts for every model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutputCapField {
+    MaxTokens,
+    MaxCompletionTokens,
+}
+
+impl OutputCapField {
+    fn for_base_url(base: &str) -> OutputCapField {
+        let host = base.split("://").nth(1).unwrap_or(base).split(['/', ':']).next().unwrap_or_default();
+        if host.eq_ignore_ascii_case("api.openai.com") {
+            OutputCapField::MaxCompletionTokens
+        } else {
+            OutputCapField::MaxTokens
+        }
+    }
 }
 
 #[derive(Serialize)]
