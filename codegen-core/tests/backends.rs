@@ -248,6 +248,24 @@ fn openai_echoes_calls_as_json_text_with_type_function_and_string_content() {
     assert_eq!(body["messages"][3], json!({"role": "tool", "content": "fn a() {}", "tool_call_id": "call_1"}));
 }
 
+/// llama-server parses the arguments of every echoed call and answers the whole request with
+/// HTTP 500 "Failed to parse tool call arguments as JSON" when one does not parse (seen with a
+/// call its output cap had cut short): malformed arguments are echoed as `{}`.
+#[test]
+fn openai_echoes_malformed_arguments_as_an_empty_object_so_the_server_accepts_the_history() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("done"))]);
+    let mut backend = openai(&server);
+    let cut = r#"{"path": "hello.txt", "content": "Hello, World! This is a te"#;
+    let call = ToolCall { id: "call_1".into(), name: "write_file".into(), arguments: Arguments::from_value(json!(cut)) };
+    assert!(matches!(call.arguments, Arguments::Malformed { .. }), "{:?}", call.arguments);
+    let mut messages = hello();
+    messages.push(Message::assistant("", vec![call.clone()]));
+    messages.push(Message::tool_result(&call, "the arguments are not valid JSON"));
+    ask(backend.as_mut(), &messages).unwrap();
+    let body = server.requests()[0].json();
+    assert_eq!(body["messages"][2]["tool_calls"][0]["function"]["arguments"], "{}");
+}
+
 #[test]
 fn server_errors_are_retried_then_succeed() {
     for status in [500, 502, 503, 408, 409] {

@@ -196,7 +196,10 @@ impl<'a> WireMessage<'a> {
                 .map(|call| WireCallOut {
                     id: &call.id,
                     r#type: "function",
-                    function: WireFunctionOut { name: &call.name, arguments: call.arguments.to_json_text() },
+                    // Always valid JSON text: llama-server parses echoed arguments and answers a
+                    // whole request with HTTP 500 when one does not parse (seen with a call the
+                    // output cap had cut). The model learns what was wrong from the tool result.
+                    function: WireFunctionOut { name: &call.name, arguments: call.arguments.to_json_object().to_string() },
                 })
                 .collect(),
             tool_call_id: message.tool_call_id.as_deref(),
