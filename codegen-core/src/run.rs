@@ -441,15 +441,17 @@ impl<'a> Run<'a> {
     }
 
     /// Turns the reply into tool calls and problems, runs the calls, and answers the model.
-    /// A reply the server `cut_off` at its output cap is never taken as the model's last word.
     fn handle_reply(&mut self, reply: Message, cut_off: bool) -> Result<Turn, Error> {
         let (calls, mut problems) = self.calls_in(&reply);
-        if cut_off {
-            problems.push(
-                "Your reply was cut off at the server's output limit, so anything after the cut was lost. \
+        // A cut reply that left something to answer (a broken call, a missing file) is told
+        // why; one that was only prose ends like any reply without a call.
+        let missing = self.missing_outputs();
+        if cut_off && (!calls.is_empty() || !problems.is_empty() || !missing.is_empty()) {
+            let still = if missing.is_empty() { String::new() } else { format!(" Still missing: {}.", missing.join(", ")) };
+            problems.push(format!(
+                "Your reply was cut off at the server's output limit, so anything after the cut was lost.{still} \
                  Keep replies short: one tool call per reply, and write long files in full but without commentary."
-                    .to_string(),
-            );
+            ));
         }
         let native = !reply.tool_calls.is_empty();
         self.push_message(reply);

@@ -333,23 +333,38 @@ fn the_one_call_shortcut_writes_under_the_output_root() {
     assert_eq!(std::fs::read_to_string(Path::new(&out).join("x.rs")).unwrap(), "x");
 }
 
-/// A reply the server cut at its output cap (`finish_reason: "length"`) is not the model's
-/// last word: the model is told what happened and tries again, within the budget.
+/// A reply the server cut at its output cap (`finish_reason: "length"`) that leaves work
+/// undone is answered with what happened, and the model tries again within the budget.
 #[test]
-fn a_reply_cut_off_at_the_output_cap_is_answered_not_taken_as_the_end() {
-    let cut = json!({
-        "id": "x", "object": "chat.completion", "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Here is the file: ```rust\nfn a("},
-                     "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 512}
-    });
+fn a_reply_cut_off_at_the_output_cap_with_work_left_is_answered_with_why() {
+    let cut = cut_reply("Here is the file: ```rust\nfn a(");
     let server = FakeLlm::start(vec![Reply::json(cut), Reply::turn(write("a.rs", "fn a() {}\n")), Reply::turn(finish())]);
     let setup = Setup::new();
-    let output = run(BackendKind::OpenAi, &server, &setup, &Step::new("m", "Write a.rs.")).unwrap();
+    let mut step = Step::new("m", "Write a.rs.");
+    step.expect_output("a.rs");
+    let output = run(BackendKind::OpenAi, &server, &setup, &step).unwrap();
     assert_eq!(output.end, EndOutcome::Finished);
     assert_eq!(setup.read("a.rs"), "fn a() {}\n");
     let second = server.requests()[1].json();
     let told = second["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
-    assert!(told.contains("cut off at the server's output limit"), "{told}");
-    assert_eq!(output.transcript.totals().repairs, 1);
+    assert!(told.contains("cut off at the server's output limit") && told.contains("a.rs"), "{told}");
+}
+
+/// A cut reply of prose alone, with nothing missing, ends the step like any reply without a
+/// call: a babbling model is not kept talking until its budget runs out.
+#[test]
+fn a_reply_of_prose_cut_off_with_nothing_left_to_do_ends_the_step() {
+    let server = FakeLlm::start(vec![Reply::json(cut_reply("Hello! Hello! Hello! Hello!"))]);
+    let setup = Setup::new();
+    let output = run(BackendKind::OpenAi, &server, &setup, &Step::new("m", "Say hello.")).unwrap();
+    assert_eq!(output.end, EndOutcome::NoToolCall);
+    assert_eq!(server.requests().len(), 1);
+}
+
+fn cut_reply(content: &str) -> Value {
+    json!({
+        "id": "x", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 512}
+    })
 }
