@@ -652,7 +652,7 @@ fn bytes_to_the_model() {
         for (step, recorded) in chain.steps.iter().zip(&assessed) {
             let work = tempfile::tempdir().unwrap();
             let root = work.path().join("tree");
-            cargo_promptgen::store::sync_dir(&root, &tree).unwrap();
+            cargo_promptgen::out_dir::sync_dir(&root, &tree).unwrap();
             let mut builder = Sandbox::builder(&root);
             for input in &step.inputs {
                 builder = builder.input(input.virtual_path.clone(), input.real_path.clone());

@@ -1,41 +1,35 @@
 //! The build-script entry: materialise the chain's generated tree into `$OUT_DIR/promptgen/`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::{self, Chain, Overrides};
 use crate::error::Error;
-use crate::generate::{regenerate, Destination, Progress};
+use crate::generate::{bring_up_to_date, Destination, Progress};
 use crate::layout::{target_dir_from_out_dir, Layout};
-use crate::lock::LockedStep;
 use crate::plan::{plan, stale_steps, Records, StepState};
-use crate::store::{sync_dir_from, sync_dir_recorded, Files, Snapshot};
-use crate::lock_file::PackageLock;
-
-/// The subfolder of `OUT_DIR` that holds the generated tree.
-pub const OUT_SUBDIR: &str = "promptgen";
-
-/// The file in `OUT_DIR` that mounts every generated `.rs` file as a module (see
-/// [`module_tree`]): `include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));`.
-pub const MODULES_FILE: &str = "promptgen.rs";
-
-/// The file in `OUT_DIR` that records what the generated tree holds (each file's hash,
-/// length and mtime), so that a build with nothing to write need not read it back (see
-/// [`crate::store::sync_dir_recorded`]).
-pub const RECORD_FILE: &str = "promptgen.record";
+use crate::out_dir::sync_dir;
+use crate::store::Files;
+use crate::process_lock::ProcessLock;
+use crate::mount::{module_tree, MODULES_FILE, OUT_SUBDIR};
 
 /// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
 /// for `PROMPTGEN_OFFLINE`, any value at all for `CI`.
 pub const OFFLINE_VARS: &[&str] = &["PROMPTGEN_OFFLINE", "CI"];
 
 /// Configures and runs the build-script entry. [`build`] is the one-call form.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Builder {
     manifest_dir: Option<PathBuf>,
     out_dir: Option<PathBuf>,
     target_dir: Option<PathBuf>,
     offline: Option<bool>,
     emit_cargo_directives: bool,
+}
+
+impl Default for Builder {
+    fn default() -> Builder {
+        Builder::new()
+    }
 }
 
 /// What a build did.
@@ -52,9 +46,10 @@ pub struct BuildReport {
 }
 
 impl Builder {
-    /// A builder that reads everything from the environment Cargo gives a build script.
+    /// A builder that reads everything from the environment Cargo gives a build script, and
+    /// prints the `cargo:` directives (the same as [`Builder::default`]).
     pub fn new() -> Builder {
-        Builder { emit_cargo_directives: true, ..Builder::default() }
+        Builder { manifest_dir: None, out_dir: None, target_dir: None, offline: None, emit_cargo_directives: true }
     }
 
     /// The package root (default: `CARGO_MANIFEST_DIR`).
@@ -98,14 +93,7 @@ impl Builder {
             Some(dir) => dir.clone(),
             None => env_path("OUT_DIR")?,
         };
-        // What OUT_DIR holds is looked at on another thread while the store is read and
-        // checked (nothing else writes OUT_DIR meanwhile).
         let generated_dir = out_dir.join(OUT_SUBDIR);
-        let record = out_dir.join(RECORD_FILE);
-        let look = {
-            let (dir, record) = (generated_dir.clone(), record.clone());
-            std::thread::Builder::new().name("promptgen-out-dir".into()).spawn(move || Snapshot::take(&dir, &record))
-        };
         let chain = config::load_from_env(&manifest_dir.join("Cargo.toml"), &Overrides::default())?;
         if self.emit_cargo_directives {
             emit_rerun_directives(&chain);
@@ -115,24 +103,23 @@ impl Builder {
             None => target_dir_from_out_dir(&out_dir).unwrap_or_else(|| out_dir.join("promptgen-target")),
         };
         let layout = Layout::new(&chain.package_dir, &chain.package_name, &target_dir);
-        let _guard = PackageLock::acquire(&layout)?;
+        let _guard = ProcessLock::acquire(&layout)?;
 
-        let records = Records::read(&layout)?;
-        let assessed = plan(&chain, &records)?;
+        let mut records = Records::read(&layout)?;
+        let ci = self.offline.is_none() && std::env::var_os("CI").is_some();
+        if ci {
+            // CI builds only from the committed lock: results a build left pending on this
+            // machine are not recorded yet, so their steps count as stale.
+            records.pending = None;
+        }
+        let mut assessed = plan(&chain, &records)?;
         let stale = stale_steps(&assessed);
-        // The tree, and each of its files' hash as the lock records it (a later step's file
-        // replaces an earlier step's at the same path, in both: steps are in order).
-        let mut assessed = assessed;
-        let mut result;
-        let (tree, entries, regenerated, pending) = if stale.is_empty() {
+        let (tree, regenerated, pending) = if stale.is_empty() {
             let pending: Vec<String> =
                 assessed.iter().filter(|a| a.state == StepState::Pending).map(|a| a.id.clone()).collect();
-            let mut tree = Files::new();
-            for step in &mut assessed {
-                tree.extend(std::mem::take(&mut step.files));
-            }
-            let entries: Vec<&LockedStep> = assessed.iter().filter_map(|a| a.entry.as_ref()).collect();
-            (tree, entries, Vec::new(), pending)
+            // Steps are in order: a later step's file replaces an earlier step's at its path.
+            let tree: Files = assessed.iter_mut().flat_map(|a| std::mem::take(&mut a.files)).collect();
+            (tree, Vec::new(), pending)
         } else {
             if let Some(reason) = self.offline_reason() {
                 return Err(Error::Stale { package: chain.package_name.clone(), steps: stale, reason });
@@ -142,26 +129,17 @@ impl Builder {
                     eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
                 }
             };
-            result = regenerate(&chain, &layout, &[], Destination::Pending, &mut show)?;
+            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, &mut show)?;
             let pending = result
                 .steps
                 .iter()
                 .filter(|(_, state)| *state == StepState::Pending)
                 .map(|(entry, _)| entry.id.clone())
                 .collect();
-            let (tree, regenerated) = (std::mem::take(&mut result.tree), std::mem::take(&mut result.regenerated));
-            (tree, result.steps.iter().map(|(entry, _)| entry).collect(), regenerated, pending)
+            (result.tree, result.regenerated, pending)
         };
-        let hashes: HashMap<&str, &str> =
-            entries.iter().flat_map(|e| &e.files).map(|f| (f.path.as_str(), f.sha256.as_str())).collect();
-
-        // After a regeneration (minutes), look again rather than trust an old snapshot.
-        let snapshot = look.ok().filter(|_| regenerated.is_empty()).and_then(|l| l.join().ok()).and_then(Result::ok);
-        let files_written = match snapshot {
-            Some(snapshot) => sync_dir_from(snapshot, &generated_dir, &tree, &hashes, &record)?,
-            None => sync_dir_recorded(&generated_dir, &tree, &hashes, &record)?,
-        };
-        let modules = module_tree(&tree, &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
+        let files_written = sync_dir(&generated_dir, &tree)?;
+        let modules = module_tree(tree.keys(), &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
         codegen_core::fs::write_if_changed_unsynced(&out_dir.join(MODULES_FILE), modules.as_bytes())?;
         if self.emit_cargo_directives && !pending.is_empty() {
             let list: Vec<&str> = pending.iter().map(String::as_str).collect();
@@ -191,7 +169,11 @@ impl Builder {
             }
         }
         if var("CI").is_some() {
-            return Some("CI is set, so the build may not call a model (CI builds only from the committed lock)".into());
+            return Some(
+                "CI is set, so the build may not call a model and uses only the committed lock (not results a build \
+                 left pending)"
+                    .into(),
+            );
         }
         None
     }
@@ -232,85 +214,3 @@ fn emit_rerun_directives(chain: &Chain) {
     }
 }
 
-/// The module-mounting convention, in one place: every generated `dir/name.rs` whose path
-/// parts are Rust identifiers becomes `pub mod dir { pub mod name { ... } }`, its text
-/// `include!`d from the path expression `source(file)` gives (in a build,
-/// `concat!(env!("OUT_DIR"), "/promptgen/dir/name.rs")`; in the compile check, the file in
-/// the step's scratch tree). A crate mounts them all with
-///
-/// ```ignore
-/// mod generated {
-///     include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
-/// }
-/// ```
-///
-/// so generated files refer to each other as siblings (`super::view::View`). Because they
-/// are `include!`d, they must not contain inner attributes or `//!` comments.
-pub fn module_tree(tree: &Files, source: &dyn Fn(&str) -> String) -> String {
-    #[derive(Default)]
-    struct Node {
-        file: Option<String>,
-        children: std::collections::BTreeMap<String, Node>,
-    }
-    let mut root = Node::default();
-    for path in tree.keys() {
-        let Some(stem_path) = path.strip_suffix(".rs") else { continue };
-        let parts: Vec<&str> = stem_path.split('/').collect();
-        if !parts.iter().all(|p| is_identifier(p)) {
-            continue;
-        }
-        let mut node = &mut root;
-        for part in parts {
-            node = node.children.entry(part.to_string()).or_default();
-        }
-        node.file = Some(path.clone());
-    }
-    fn render(node: &Node, depth: usize, source: &dyn Fn(&str) -> String, out: &mut String) {
-        use std::fmt::Write as _;
-        let indent = "    ".repeat(depth);
-        for (name, child) in &node.children {
-            let _ = writeln!(out, "{indent}pub mod {name} {{");
-            if let Some(file) = &child.file {
-                let _ = writeln!(out, "{indent}    include!({});", source(file));
-            }
-            render(child, depth + 1, source, out);
-            let _ = writeln!(out, "{indent}}}");
-        }
-    }
-    let mut out = String::from("// @generated by cargo-promptgen: one module per generated .rs file.\n");
-    render(&root, 0, source, &mut out);
-    out
-}
-
-fn is_identifier(word: &str) -> bool {
-    const KEYWORDS: &[&str] = &[
-        "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern", "false", "fn",
-        "for", "gen", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub", "ref", "return", "self",
-        "static", "struct", "super", "trait", "true", "type", "unsafe", "use", "where", "while", "abstract", "become",
-        "box", "do", "final", "macro", "override", "priv", "try", "typeof", "unsized", "virtual", "yield",
-    ];
-    let mut chars = word.chars();
-    let starts_well = chars.next().is_some_and(|c| c == '_' || c.is_ascii_alphabetic());
-    starts_well && word != "_" && chars.all(|c| c == '_' || c.is_ascii_alphanumeric()) && !KEYWORDS.contains(&word)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_rust_file_becomes_a_module_and_nothing_else_does() {
-        let mut tree = Files::new();
-        for path in ["view.rs", "ui/terminal.rs", "ui.rs", "README.md", "my-file.rs", "type.rs"] {
-            tree.insert(path.to_string(), Vec::new());
-        }
-        let text = module_tree(&tree, &|file| format!("concat!(env!(\"OUT_DIR\"), \"/promptgen/{file}\")"));
-        assert_eq!(
-            text,
-            "// @generated by cargo-promptgen: one module per generated .rs file.\n\
-             pub mod ui {\n    include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/ui.rs\"));\n    \
-             pub mod terminal {\n        include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/ui/terminal.rs\"));\n    }\n}\n\
-             pub mod view {\n    include!(concat!(env!(\"OUT_DIR\"), \"/promptgen/view.rs\"));\n}\n"
-        );
-    }
-}

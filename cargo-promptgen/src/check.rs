@@ -6,7 +6,7 @@ use std::process::Command;
 
 use codegen_core::check::{trim_diagnostics, Check, CheckError, CheckOutcome, CommandCheck};
 
-use crate::build_script::module_tree;
+use crate::mount::module_tree;
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::store::{walk_files, Files};
 
@@ -38,7 +38,7 @@ impl Check for RustcCheck {
     fn run(&mut self, output_root: &Path) -> Result<CheckOutcome, CheckError> {
         let error = |detail: String| CheckError { check: self.name(), detail };
         let tree: Files = walk_files(output_root).into_iter().map(|path| (path, Vec::new())).collect();
-        let modules = module_tree(&tree, &|file| format!("{:?}", output_root.join(file).display().to_string()));
+        let modules = module_tree(tree.keys(), &|file| format!("{:?}", output_root.join(file).display().to_string()));
         let root = format!("#![allow(dead_code, unused)]\nmod generated {{\n{modules}}}\n");
         std::fs::create_dir_all(&self.scratch).map_err(|e| error(format!("cannot create {}: {e}", self.scratch.display())))?;
         let root_file = self.scratch.join("promptgen_check.rs");

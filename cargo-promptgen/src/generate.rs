@@ -11,7 +11,8 @@ use crate::error::Error;
 use crate::layout::Layout;
 use crate::lock::{sha256_hex, Lock, LockedFile, LockedStep};
 use crate::plan::{assess, Assessed, Previous, Records, StepState};
-use crate::store::{sync_dir, Files};
+use crate::out_dir::sync_dir;
+use crate::store::Files;
 
 /// Where regenerated steps are recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,11 +72,12 @@ pub struct ChainResult {
     pub tree: Files,
 }
 
-/// Brings every step of the chain up to date: fresh and pending steps are taken as
-/// recorded; stale steps (and those in `forced`) run, and are recorded at `destination`
-/// one by one as each succeeds. A failing step stops the chain; steps recorded before it
-/// stay recorded, and nothing of the failing step is.
-pub fn regenerate(
+/// Brings every step of the chain up to date at `destination`: stale steps (and those in
+/// `forced`) run, each recorded as soon as it succeeds; fresh steps are taken as recorded;
+/// and results a build left in the pending area are recorded too when `destination` is
+/// [`Destination::Committed`] (as `accept` would). A failing step stops the chain; steps
+/// recorded before it stay recorded, and nothing of the failing step is.
+pub fn bring_up_to_date(
     chain: &Chain,
     layout: &Layout,
     forced: &[String],
@@ -186,10 +188,7 @@ fn run_step(
 ) -> Result<Ran, Error> {
     let work = layout.work_dir();
     codegen_core::fs::create_dir_all(&work)?;
-    let scratch = tempfile::Builder::new()
-        .prefix(&format!("{}-", step.id))
-        .tempdir_in(&work)
-        .map_err(|e| codegen_core::fs::FsError { op: "create a scratch folder in", path: work.clone(), source: e })?;
+    let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
     let output_root = scratch.path().join("tree");
     sync_dir(&output_root, tree)?;
 
@@ -297,14 +296,10 @@ fn forget_removed_steps(chain: &Chain, layout: &Layout, lock: &mut Lock) -> Resu
     lock.write(&layout.lock_path())?;
     let store = layout.store();
     for id in &removed {
-        let dir = store.step_dir(id);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| codegen_core::fs::FsError { op: "remove", path: dir, source: e })?;
-        }
+        codegen_core::fs::remove_dir_all(&store.step_dir(id))?;
         let transcript = store.transcript_path(id);
         if transcript.exists() {
-            std::fs::remove_file(&transcript)
-                .map_err(|e| codegen_core::fs::FsError { op: "remove", path: transcript, source: e })?;
+            codegen_core::fs::remove_file(&transcript)?;
         }
     }
     Ok(removed)
@@ -312,9 +307,5 @@ fn forget_removed_steps(chain: &Chain, layout: &Layout, lock: &mut Lock) -> Resu
 
 /// Removes the pending area of the package.
 pub fn discard_pending(layout: &Layout) -> Result<(), Error> {
-    let dir = layout.pending_dir();
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| codegen_core::fs::FsError { op: "remove", path: dir, source: e })?;
-    }
-    Ok(())
+    Ok(codegen_core::fs::remove_dir_all(&layout.pending_dir())?)
 }

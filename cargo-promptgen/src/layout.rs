@@ -9,7 +9,7 @@
 //!     ├── 01.transcript.jsonl    the step's conversation, without volatile fields
 //!     └── ...
 //! <target>/promptgen/
-//! ├── <package>.lock             file lock: one process at a time per package
+//! ├── <package>.lock             process lock: one process at a time per package
 //! ├── pending/<package>/         results a build generated and nobody accepted yet,
 //! │   ├── promptgen.lock         laid out like the package (lock + store)
 //! │   └── promptgen/...
@@ -75,8 +75,9 @@ impl Layout {
         self.target_area.join("work").join(&self.package_name)
     }
 
-    /// The file two processes lock to take turns on this package.
-    pub fn lock_file(&self) -> PathBuf {
+    /// The file that processes lock to take turns on this package (the mutex of
+    /// [`crate::process_lock`], not `promptgen.lock`).
+    pub fn process_lock_path(&self) -> PathBuf {
         self.target_area.join(format!("{}.lock", self.package_name))
     }
 }

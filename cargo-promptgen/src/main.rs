@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use cargo_promptgen::config::{self, Chain, Overrides};
 use cargo_promptgen::generate::{self, Destination, Progress};
 use cargo_promptgen::layout::Layout;
-use cargo_promptgen::lock_file::PackageLock;
+use cargo_promptgen::process_lock::ProcessLock;
 use cargo_promptgen::report;
 use clap::{Args, Parser, Subcommand};
 
@@ -201,7 +201,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let forced: Vec<String> = if args.force { chain.steps.iter().map(|s| s.id.clone()).collect() } else { args.steps };
-    let _guard = PackageLock::acquire(&layout)?;
+    let _guard = ProcessLock::acquire(&layout)?;
     if args.offline {
         let report = report::check(&chain, &layout)?;
         if !report.stale.is_empty() || !forced.is_empty() {
@@ -242,7 +242,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
         let _ = writeln!(stderr, "{line}");
     };
-    let result = generate::regenerate(&chain, &layout, &forced, Destination::Committed, &mut show);
+    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, &mut show);
     let result = result?;
     generate::discard_pending(&layout)?;
     eprintln!();
@@ -264,7 +264,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
-    let _guard = PackageLock::acquire(&layout)?;
+    let _guard = ProcessLock::acquire(&layout)?;
     let report = report::check(&chain, &layout)?;
     for path in &report.unowned {
         println!("warning: promptgen/{path} belongs to no step in promptgen.lock; delete it if it is a leftover");
@@ -300,7 +300,7 @@ fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
 
 fn status(selection: &Selection) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
-    let _guard = PackageLock::acquire(&layout)?;
+    let _guard = ProcessLock::acquire(&layout)?;
     print_status(&chain, &layout)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -347,7 +347,7 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
 
 fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
-    let _guard = PackageLock::acquire(&layout)?;
+    let _guard = ProcessLock::acquire(&layout)?;
     let report = generate::accept(&chain, &layout)?;
     if report.accepted.is_empty() && report.outdated.is_empty() {
         println!("Nothing to accept: no build left results for {}.", chain.package_name);
@@ -372,7 +372,7 @@ fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
 
 fn diff(selection: &Selection, step: Option<&str>) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
-    let _guard = PackageLock::acquire(&layout)?;
+    let _guard = ProcessLock::acquire(&layout)?;
     let text = report::diff(&chain, &layout, step)?;
     if text.is_empty() {
         eprintln!("No pending results differ from the recorded ones.");

@@ -81,19 +81,14 @@ pub fn assess(
     assess_with(chain, step, previous, records, forced, &mut Memo::default())
 }
 
-/// What [`plan`] works out once for all its steps: file hashes, contract hashes, and the
-/// stored files and fingerprints it read ahead.
+/// What [`plan`] works out once for all its steps: the hashes of files that several steps
+/// read (a shared system prompt, an input folder) and of the tool contracts.
 #[derive(Default)]
 struct Memo {
-    /// Hashes of the files fingerprints read (a system prompt or an input folder shared by
-    /// every step is read once).
+    /// Hashes of the files fingerprints read, by path.
     file_hashes: HashMap<PathBuf, String>,
     /// Contract hashes, by protocol and whether there is a check.
     contracts: HashMap<(&'static str, bool), String>,
-    /// Fingerprints computed ahead, by step id, for the hand-off they were computed with.
-    fingerprints: HashMap<String, (Option<String>, Fingerprint)>,
-    /// Committed steps' files read ahead, by step id, for the key of the entry they belong to.
-    loaded: HashMap<String, (String, Result<Files, Error>)>,
 }
 
 impl Memo {
@@ -104,20 +99,6 @@ impl Memo {
         let hash = sha256_hex(&fs::read(path)?);
         self.file_hashes.insert(path.to_path_buf(), hash.clone());
         Ok(hash)
-    }
-
-    fn fingerprint(&mut self, chain: &Chain, step: &StepConfig, previous: Option<String>) -> Result<Fingerprint, Error> {
-        match self.fingerprints.remove(&step.id) {
-            Some((computed_for, fingerprint)) if computed_for == previous => Ok(fingerprint),
-            _ => fingerprint_with(chain, step, previous, self),
-        }
-    }
-
-    fn load(&mut self, store: &Store, entry: &LockedStep) -> Result<Files, Error> {
-        match self.loaded.remove(&entry.id) {
-            Some((key, files)) if key == entry.key => files,
-            _ => store.load(entry),
-        }
     }
 }
 
@@ -134,7 +115,7 @@ fn assess_with(
         Previous::Recorded(entry) => Some(entry.handoff_digest()),
         Previous::Stale(_) => None,
     };
-    let fingerprint = memo.fingerprint(chain, step, handoff)?;
+    let fingerprint = fingerprint_with(chain, step, handoff, memo)?;
     let key = fingerprint.key();
     let stale = |reasons: Vec<String>| Assessed {
         id: step.id.clone(),
@@ -157,7 +138,7 @@ fn assess_with(
     }
     let mut damaged = None;
     if let Some(entry) = committed.filter(|e| e.key == key) {
-        match memo.load(&records.store, entry) {
+        match records.store.load(entry) {
             Ok(files) => return Ok(usable(step, fingerprint, StepState::Fresh, entry, files)),
             Err(Error::DamagedStore { path, detail }) => damaged = Some(format!("stored file `{}`: {detail}", path.display())),
             Err(other) => return Err(other),
@@ -197,14 +178,8 @@ pub enum Previous<'a> {
 }
 
 /// Assesses every step in order without running anything.
-///
-/// Reading and hashing the stored files is most of the cost, so it is done first, on a few
-/// threads, for each committed step whose key matches its fingerprint as long as every step
-/// before it is fresh too (as it is in a build with nothing to do); the assessment itself
-/// then runs in order and reads anything else it needs as [`assess`] does.
 pub fn plan(chain: &Chain, records: &Records) -> Result<Vec<Assessed>, Error> {
     let mut memo = Memo::default();
-    read_ahead(chain, records, &mut memo);
     let mut assessed: Vec<Assessed> = Vec::with_capacity(chain.steps.len());
     for step in &chain.steps {
         let previous = match assessed.last() {
@@ -216,48 +191,6 @@ pub fn plan(chain: &Chain, records: &Records) -> Result<Vec<Assessed>, Error> {
         assessed.push(next);
     }
     Ok(assessed)
-}
-
-/// Fills `memo` with the fingerprints of the steps and the files of the committed steps
-/// whose keys match them, supposing that every step before each is fresh in the lock. It
-/// stops at the first step that is not (or whose fingerprint fails: the assessment in order
-/// reports that, in order).
-fn read_ahead(chain: &Chain, records: &Records, memo: &mut Memo) {
-    let mut handoff = None;
-    let mut to_load = Vec::new();
-    for step in &chain.steps {
-        let Ok(fingerprint) = fingerprint_with(chain, step, handoff.clone(), memo) else { break };
-        let Some(entry) = records.lock.step(&step.id).filter(|e| e.key == fingerprint.key()) else { break };
-        memo.fingerprints.insert(step.id.clone(), (handoff, fingerprint));
-        handoff = Some(entry.handoff_digest());
-        to_load.push(entry);
-    }
-    for (entry, files) in load_in_parallel(&records.store, &to_load) {
-        memo.loaded.insert(entry.id.clone(), (entry.key.clone(), files));
-    }
-}
-
-/// `store.load` of every entry, on up to four threads.
-fn load_in_parallel<'a>(store: &Store, entries: &[&'a LockedStep]) -> Vec<(&'a LockedStep, Result<Files, Error>)> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4).min(entries.len());
-    if threads <= 1 {
-        return entries.iter().map(|entry| (*entry, store.load(entry))).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || {
-        let mut done = Vec::new();
-        while let Some(entry) = entries.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-            done.push((*entry, store.load(entry)));
-        }
-        done
-    };
-    std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
-        let mut done = work();
-        // A helper that panicked leaves its steps unread: `assess` reads them itself.
-        done.extend(helpers.into_iter().flat_map(|helper| helper.join().unwrap_or_default()));
-        done
-    })
 }
 
 /// The stale steps of a plan, with their reasons.

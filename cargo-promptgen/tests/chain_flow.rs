@@ -93,6 +93,12 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     let out = run(package.cargo(&["run", "--quiet"]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ab2c", "{}", text(&out));
     assert_eq!(server.requests().len(), 10, "pending results are reused, not regenerated");
+    // CI builds only from the committed lock: the pending results of this machine do not count.
+    let out = run(package.cargo(&["build", "--quiet"]).env("CI", "true"));
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("step 02") && stderr.contains("not results a build left pending"), "{stderr}");
+    assert_eq!(server.requests().len(), 10, "a CI build calls no model");
 
     // 6. `diff` shows what changed; `accept` records it without calling a model.
     let out = run(&mut package.promptgen(&["diff"]));

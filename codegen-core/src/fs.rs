@@ -17,7 +17,9 @@ pub struct FsError {
 }
 
 impl FsError {
-    fn new(op: &'static str, path: &Path, source: io::Error) -> FsError {
+    /// The error of operation `op` on `path`, for the few operations this module does not
+    /// wrap (a file lock, a walk).
+    pub fn new(op: &'static str, path: &Path, source: io::Error) -> FsError {
         FsError { op, path: path.to_owned(), source }
     }
 }
@@ -35,6 +37,30 @@ pub fn read_to_string(path: &Path) -> Result<String, FsError> {
 /// Creates a folder and its parents.
 pub fn create_dir_all(path: &Path) -> Result<(), FsError> {
     std::fs::create_dir_all(path).map_err(|e| FsError::new("create folder", path, e))
+}
+
+/// Renames `from` to `to` (atomically, within one file system).
+pub fn rename(from: &Path, to: &Path) -> Result<(), FsError> {
+    std::fs::rename(from, to).map_err(|e| FsError::new("rename", from, e))
+}
+
+/// Removes a file, or a symlink without following it.
+pub fn remove_file(path: &Path) -> Result<(), FsError> {
+    std::fs::remove_file(path).map_err(|e| FsError::new("remove", path, e))
+}
+
+/// Removes a folder and everything in it; a folder that is already gone is not an error.
+pub fn remove_dir_all(path: &Path) -> Result<(), FsError> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FsError::new("remove", path, e)),
+        _ => Ok(()),
+    }
+}
+
+/// A new, uniquely named folder in `dir` whose name starts with `prefix`, removed when the
+/// returned handle is dropped.
+pub fn temp_dir_in(dir: &Path, prefix: &str) -> Result<tempfile::TempDir, FsError> {
+    tempfile::Builder::new().prefix(prefix).tempdir_in(dir).map_err(|e| FsError::new("create a folder in", dir, e))
 }
 
 /// Metadata of `path` itself (a symlink is not followed).

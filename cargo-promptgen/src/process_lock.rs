@@ -10,22 +10,22 @@ use crate::layout::Layout;
 /// Held while a process reads or writes a package's lock, store or pending area; released
 /// when dropped (and by the OS if the process dies).
 #[derive(Debug)]
-pub struct PackageLock {
+pub struct ProcessLock {
     _file: File,
 }
 
-impl PackageLock {
+impl ProcessLock {
     /// Waits until no other process holds the package's lock, then takes it.
-    pub fn acquire(layout: &Layout) -> Result<PackageLock, Error> {
+    pub fn acquire(layout: &Layout) -> Result<ProcessLock, Error> {
         fs::create_dir_all(&layout.target_area)?;
-        let path = layout.lock_file();
+        let path = layout.process_lock_path();
         let file = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|e| FsError { op: "open", path: path.clone(), source: e })?;
-        file.lock().map_err(|e| FsError { op: "lock", path, source: e })?;
-        Ok(PackageLock { _file: file })
+            .map_err(|e| FsError::new("open", &path, e))?;
+        file.lock().map_err(|e| FsError::new("lock", &path, e))?;
+        Ok(ProcessLock { _file: file })
     }
 }
