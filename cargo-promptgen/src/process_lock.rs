@@ -25,7 +25,19 @@ impl ProcessLock {
             .write(true)
             .open(&path)
             .map_err(|e| FsError::new("open", &path, e))?;
-        file.lock().map_err(|e| FsError::new("lock", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                // As cargo says "Blocking waiting for file lock": a silent wait looks like a hang.
+                eprintln!(
+                    "promptgen: waiting for another process working on {} (it holds `{}`)",
+                    layout.package_name,
+                    path.display()
+                );
+                file.lock().map_err(|e| FsError::new("lock", &path, e))?;
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(FsError::new("lock", &path, e).into()),
+        }
         Ok(ProcessLock { _file: file })
     }
 }

@@ -201,7 +201,11 @@ fn a_run_killed_in_the_middle_of_a_step_leaves_that_step_as_it_was() {
 
 #[test]
 fn two_runs_at_once_take_turns_and_call_the_model_once() {
-    let server = FakeLlm::start(one_run(A1));
+    // The first request stalls and is retried, so the second process surely starts while the
+    // first holds the package.
+    let mut script = vec![Reply::stall(Duration::from_secs(2))];
+    script.extend(one_run(A1));
+    let server = FakeLlm::start(script);
     let package = package();
     let spawn = || {
         package
@@ -212,12 +216,16 @@ fn two_runs_at_once_take_turns_and_call_the_model_once() {
             .spawn()
             .unwrap()
     };
-    let (first, second) = (spawn(), spawn());
+    let mut first = spawn();
+    wait_for_requests(&server, 1, &mut first);
+    let second = spawn();
     let first = first.wait_with_output().unwrap();
     let second = second.wait_with_output().unwrap();
     assert_eq!(first.status.code(), Some(0), "{}", text(&first));
     assert_eq!(second.status.code(), Some(0), "{}", text(&second));
-    assert_eq!(server.requests().len(), 6, "{}\n{}", text(&first), text(&second));
+    assert_eq!(server.requests().len(), 7, "{}\n{}", text(&first), text(&second));
+    assert!(stderr(&second).contains("waiting for another process working on"), "the second waited:\n{}", text(&second));
+    assert!(!stderr(&first).contains("waiting for another process"), "{}", text(&first));
     let mut summaries: Vec<bool> =
         [&first, &second].iter().map(|o| stderr(o).contains("3 of 3 steps regenerated")).collect();
     summaries.sort();
