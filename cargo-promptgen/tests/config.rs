@@ -841,3 +841,50 @@ fn an_invalid_backend_variable_or_flag_is_named() {
     assert!(matches!(err, ConfigError::Flag { .. }), "{err:?}");
     assert_mentions(&err, &["--backend", "\"Ollama\"", "\"ollama\", \"openai\", \"scripted\""]);
 }
+
+#[test]
+fn every_mistake_in_a_manifest_names_its_line_and_column() {
+    let fx = Fixture::new();
+    // `one_step` puts the chain's lines from line 6, the step table's header on the line after
+    // them plus one, and the step's own lines after its `id` and `prompt`.
+    let cases: &[(&str, &str, &str)] = &[
+        ("model = \"m\"\nflavour = 1", "", "7:1"),
+        ("model = \"m\"\nseed = \"x\"", "", "7:8"),
+        ("model = \"m\"\ntemperature = 3.0", "", "7:15"),
+        ("model = \"m\"\nbackend = \"llamacpp\"", "", "7:11"),
+        ("model = \"m\"", "outputs = [\"a.rs\", \"../b.rs\"]", "11:20"),
+        ("model = \"m\"", "inputs = [\"src/none.rs\"]", "11:11"),
+        ("model = \"m\"", "system_prompt = \"none.md\"", "11:17"),
+        ("model = \"m\"", "max_steps = 0", "11:13"),
+        ("model = \"m\"", "check = \"cargo\"", "11:9"),
+        ("model = \"m\"", "id = \"02\"", "11:1"),
+        ("", "", "5:1"),
+        ("model = \"m\"\nbackend = \"scripted\"", "", "9:1"),
+    ];
+    for (chain, step, at) in cases {
+        let manifest = fx.package(&one_step(chain, step));
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        let location = err.location().unwrap_or_else(|| panic!("{chain} / {step}: no location in {err:?}"));
+        assert_eq!(location.to_string(), *at, "{chain} / {step}: {err}");
+        assert_mentions(&err, &[&format!("pkg/Cargo.toml:{at}`")]);
+    }
+
+    // A step table without `prompt` is pointed at by its header.
+    let manifest = fx
+        .package("[package.metadata.promptgen]\nmodel = \"m\"\n\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n");
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert_eq!(err.location().map(|l| l.to_string()).as_deref(), Some("8:1"), "{err}");
+
+    // The workspace's mistakes are pointed at in the workspace's manifest.
+    let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nseed = -1\n");
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert_eq!(err.file(), fx.path("Cargo.toml"));
+    assert_mentions(&err, &["Cargo.toml:5:8`", "`workspace.metadata.promptgen.seed` = -1"]);
+
+    // What is not in a file has no location.
+    let fx = Fixture::new();
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    let err = load_err(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "x")]);
+    assert_eq!(err.location(), None);
+}
