@@ -16,7 +16,8 @@
 //! base_url = "http://127.0.0.1:11434"   # optional
 //! seed = 123                            # optional integer >= 0
 //! temperature = 0.0                     # optional number from 0 to 2
-//! max_steps = 8                         # optional, >= 1 (default Step::DEFAULT_MAX_STEPS)
+//! max_model_calls = 8                   # optional, >= 1: model calls per step, repairs included
+//!                                       # (default Step::DEFAULT_MAX_MODEL_CALLS; old name: max_steps)
 //! protocol = "native"                   # "native" | "json" | "blocks" (default "native")
 //! system_prompt = "prompts/system.md"   # optional file, relative to the package directory
 //! num_ctx = 16384                       # optional, >= 1: Ollama's context window
@@ -32,7 +33,7 @@
 //! outputs = ["view.rs"]                 # optional relative forward-slash paths
 //! inputs = ["src/domain.rs", "src"]     # optional existing files or folders
 //! script = "../prompts/scripts/01.toml" # canned turns; required with backend "scripted"
-//! # optional per-step overrides: model, seed, temperature, max_steps, protocol,
+//! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
 //! # system_prompt, check, check_rounds
 //! ```
 //!
@@ -142,7 +143,7 @@ macro_rules! with_shared_keys {
                 /// The sampling temperature.
                 temperature: f64 => TEMPERATURE_EXPECTED,
                 /// Model calls per step, repairs included.
-                max_steps: NonZeroU32 => "an integer of at least 1 (the model calls the step may make, e.g. 8)",
+                max_model_calls | "max_steps": NonZeroU32 => "an integer of at least 1 (the model calls the step may make, e.g. 8)",
                 /// How the model calls tools.
                 protocol: ToolProtocol => one_of::<ToolProtocol>(),
                 /// A file of instructions sent before the prompt.
@@ -445,7 +446,7 @@ pub struct StepConfig {
     /// Sampling temperature, from 0 to 2.
     pub temperature: Option<f64>,
     /// Model calls the step may make, at least 1.
-    pub max_steps: u32,
+    pub max_model_calls: u32,
     /// How the model calls tools.
     pub protocol: ToolProtocol,
     /// Files the step must write: relative forward-slash paths, normalised (no `.` or empty
@@ -614,6 +615,18 @@ pub enum ConfigError {
         /// What is expected.
         expected: String,
     },
+    /// A key is set under its name and under its old name in one table.
+    #[error("`{}:{at}`: `{key}` and `{old}` are both set, but they are one setting (`{old}` is its old name); keep one.", file.display())]
+    SetTwice {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the second of the two).
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The full key under its old name.
+        old: String,
+    },
     /// A required key is missing (or `steps` is empty).
     #[error("`{}:{at}`: `{key}` is missing: {hint}", file.display())]
     Missing {
@@ -756,6 +769,7 @@ impl ConfigError {
             | ConfigError::UnknownKey { file, .. }
             | ConfigError::WrongType { file, .. }
             | ConfigError::InvalidValue { file, .. }
+            | ConfigError::SetTwice { file, .. }
             | ConfigError::Missing { file, .. }
             | ConfigError::DuplicateId { file, .. }
             | ConfigError::FileNotFound { file, .. }
@@ -778,6 +792,7 @@ impl ConfigError {
             | ConfigError::UnknownKey { key, .. }
             | ConfigError::WrongType { key, .. }
             | ConfigError::InvalidValue { key, .. }
+            | ConfigError::SetTwice { key, .. }
             | ConfigError::Missing { key, .. }
             | ConfigError::DuplicateId { key, .. }
             | ConfigError::FileNotFound { key, .. }
@@ -801,6 +816,7 @@ impl ConfigError {
             | ConfigError::UnknownKey { at, .. }
             | ConfigError::WrongType { at, .. }
             | ConfigError::InvalidValue { at, .. }
+            | ConfigError::SetTwice { at, .. }
             | ConfigError::Missing { at, .. }
             | ConfigError::DuplicateId { at, .. }
             | ConfigError::FileNotFound { at, .. }
@@ -895,6 +911,20 @@ impl Source {
         let Some((key, value)) = doc.value_at(&span) else {
             return ConfigError::Parse { file: self.file.clone(), at, message: message.to_string() };
         };
+        if message.starts_with("duplicate field") {
+            // TOML refuses a key set twice, so serde sees one only when a key meets its old name.
+            let aliases = if key.contains(".steps[") { StepTable::ALIASES } else { ChainTable::ALIASES };
+            if let Some((old, new)) = aliases.iter().find(|(_, new)| message.contains(&format!("`{new}`"))) {
+                let (old, new) = (format!("{key}.{old}"), format!("{key}.{new}"));
+                let second = [&old, &new].iter().filter_map(|k| doc.key_span(k)).map(|s| s.start).max();
+                return ConfigError::SetTwice {
+                    file: self.file.clone(),
+                    at: self.at(second.unwrap_or(span.start)),
+                    key: new,
+                    old,
+                };
+            }
+        }
         // serde's own words for what it wanted, kept when the key has no description.
         let serde_expected = message.rsplit_once(", expected ").map(|(_, e)| e.to_string());
         let expected = expected_of(&key).or(serde_expected).unwrap_or_else(|| message.to_string());
@@ -1222,7 +1252,7 @@ pub fn load(
             system_prompt: layered!(system_prompt),
             seed: layered!(seed),
             temperature: layered!(temperature),
-            max_steps: layered!(max_steps).unwrap_or(codegen_core::Step::DEFAULT_MAX_STEPS),
+            max_model_calls: layered!(max_model_calls).unwrap_or(codegen_core::Step::DEFAULT_MAX_MODEL_CALLS),
             protocol: layered!(protocol).unwrap_or_default(),
             check,
             check_rounds: layered!(check_rounds).unwrap_or(codegen_core::Step::DEFAULT_CHECK_ROUNDS),
@@ -1420,7 +1450,7 @@ struct Shared {
     model: Option<String>,
     seed: Option<u64>,
     temperature: Option<f64>,
-    max_steps: Option<u32>,
+    max_model_calls: Option<u32>,
     protocol: Option<ToolProtocol>,
     system_prompt: Option<PathBuf>,
     check: Option<CheckSpec>,
@@ -1436,7 +1466,7 @@ macro_rules! check_shared {
             model: table.model.as_ref().map(|v| ctx.non_empty("model", v)).transpose()?,
             seed: value(&table.seed),
             temperature: table.temperature.as_ref().map(|v| ctx.temperature(v)).transpose()?,
-            max_steps: value(&table.max_steps).map(NonZeroU32::get),
+            max_model_calls: value(&table.max_model_calls).map(NonZeroU32::get),
             protocol: value(&table.protocol),
             system_prompt: table
                 .system_prompt
@@ -1687,7 +1717,9 @@ mod tests {
         assert_eq!(edit_distance("max_step", "max_steps"), 1);
         assert_eq!(edit_distance("", "abc"), 3);
         let keys = || ChainTable::KEYS.iter().copied();
-        assert_eq!(closest("maxsteps", keys()), Some("max_steps"));
+        assert_eq!(closest("max_model_call", keys()), Some("max_model_calls"));
+        assert_eq!(ChainTable::ALIASES, [("max_steps", "max_model_calls")]);
+        assert!(StepTable::expected("max_steps").is_some());
         assert_eq!(closest("Model", keys()), Some("model"));
         assert_eq!(closest("completely_else", keys()), None);
     }

@@ -9,9 +9,9 @@ use codegen_core::transcript::{Event, Volatility};
 use crate::config::{Chain, StepConfig};
 use crate::error::Error;
 use crate::layout::Layout;
-use crate::lock::{sha256_hex, Lock, LockedFile, LockedStep};
-use crate::plan::{assess, Assessed, Previous, Records, StepState};
-use crate::store::{sync_dir, Files};
+use crate::lock::{Lock, LockedFile, LockedStep, sha256_hex};
+use crate::plan::{Assessed, Previous, Records, StepState, assess};
+use crate::store::{Files, sync_dir};
 
 /// Where regenerated steps are recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,14 +198,12 @@ fn run_step(
         builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
     }
     let mut sandbox = builder.build().map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
-    let mut backend = chain
-        .backend_config(step)
-        .open()
-        .map_err(|source| Error::Backend { id: step.id.clone(), source })?;
+    let mut backend =
+        chain.backend_config(step).open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
 
     let prompt = codegen_core::fs::read_to_string(&step.prompt)?;
     let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
-    core_step.max_steps(step.max_steps).protocol(step.protocol).check_rounds(step.check_rounds);
+    core_step.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
     if let Some(path) = &step.system_prompt {
         core_step.system_prompt(codegen_core::fs::read_to_string(path)?);
     }
@@ -299,12 +297,19 @@ fn forget_removed_steps(chain: &Chain, layout: &Layout, lock: &mut Lock) -> Resu
     for id in &removed {
         let dir = store.step_dir(id);
         if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| codegen_core::fs::FsError { op: "remove", path: dir, source: e })?;
+            std::fs::remove_dir_all(&dir).map_err(|e| codegen_core::fs::FsError {
+                op: "remove",
+                path: dir,
+                source: e,
+            })?;
         }
         let transcript = store.transcript_path(id);
         if transcript.exists() {
-            std::fs::remove_file(&transcript)
-                .map_err(|e| codegen_core::fs::FsError { op: "remove", path: transcript, source: e })?;
+            std::fs::remove_file(&transcript).map_err(|e| codegen_core::fs::FsError {
+                op: "remove",
+                path: transcript,
+                source: e,
+            })?;
         }
     }
     Ok(removed)

@@ -123,7 +123,7 @@ fn a_minimal_chain_gets_every_default() {
     assert_eq!(step.prompt, fx.path("prompts/01.md"));
     assert_eq!(step.prompt_display, "../prompts/01.md");
     assert_eq!((step.model.as_str(), step.model_origin), ("m", Origin::Package));
-    assert_eq!(step.max_steps, codegen_core::Step::DEFAULT_MAX_STEPS);
+    assert_eq!(step.max_model_calls, codegen_core::Step::DEFAULT_MAX_MODEL_CALLS);
     assert_eq!(step.protocol, ToolProtocol::Native);
     assert_eq!((step.seed, step.temperature, &step.system_prompt), (None, None, &None));
     assert!(step.outputs.is_empty() && step.inputs.is_empty() && step.script.is_none());
@@ -277,7 +277,7 @@ fn base_url_and_key_precedence_for_openai() {
 fn workspace_defaults_with_workspace_relative_system_prompt() {
     let fx = Fixture::with_workspace_metadata(
         "[workspace.metadata.promptgen]\n\
-         model = \"ws-model\"\nseed = 7\ntemperature = 1\nmax_steps = 3\nprotocol = \"blocks\"\n\
+         model = \"ws-model\"\nseed = 7\ntemperature = 1\nmax_model_calls = 3\nprotocol = \"blocks\"\n\
          system_prompt = \"prompts/ws_system.md\"\nnum_ctx = 4096\nrequest_timeout_secs = 30\n",
     );
     let manifest = fx.package(&one_step("", ""));
@@ -286,14 +286,14 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
     assert_eq!(step.system_prompt, Some(fx.path("prompts/ws_system.md")));
     assert_eq!((step.model.as_str(), step.model_origin), ("ws-model", Origin::Workspace));
     assert_eq!(
-        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(7), Some(1.0), 3, ToolProtocol::Blocks)
     );
     assert_eq!((chain.num_ctx, chain.request_timeout), (4096, Duration::from_secs(30)));
 
     // The package beats the workspace; its paths are relative to the package.
     let manifest = fx.package(&one_step(
-        "seed = 8\ntemperature = 0.5\nmax_steps = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"\n\
+        "seed = 8\ntemperature = 0.5\nmax_model_calls = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"\n\
          num_ctx = 8192\nrequest_timeout_secs = 60",
         "",
     ));
@@ -301,21 +301,21 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
     let step = &chain.steps[0];
     assert_eq!(step.system_prompt, Some(fx.path("pkg/prompts/local.md")));
     assert_eq!(
-        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(8), Some(0.5), 4, ToolProtocol::Json)
     );
     assert_eq!((chain.num_ctx, chain.request_timeout), (8192, Duration::from_secs(60)));
 
     // The step beats the package.
     let manifest = fx.package(&one_step(
-        "seed = 8\ntemperature = 0.5\nmax_steps = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"",
-        "seed = 0\ntemperature = 2.0\nmax_steps = 1\nprotocol = \"native\"\nsystem_prompt = \"../prompts/system.md\"",
+        "seed = 8\ntemperature = 0.5\nmax_model_calls = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"",
+        "seed = 0\ntemperature = 2.0\nmax_model_calls = 1\nprotocol = \"native\"\nsystem_prompt = \"../prompts/system.md\"",
     ));
     let chain = load(&manifest, &Overrides::default(), NONE);
     let step = &chain.steps[0];
     assert_eq!(step.system_prompt, Some(fx.path("prompts/system.md")));
     assert_eq!(
-        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(0), Some(2.0), 1, ToolProtocol::Native)
     );
 }
@@ -498,7 +498,7 @@ fn unknown_keys_list_the_known_ones_and_suggest_the_closest() {
         &[
             "pkg/Cargo.toml",
             "package.metadata.promptgen.max_step",
-            "did you mean `max_steps`?",
+            "did you mean `max_model_calls`?",
             "`request_timeout_secs`",
         ],
     );
@@ -546,7 +546,7 @@ fn wrong_types_say_what_is_expected() {
         ("seed = \"x\"", "package.metadata.promptgen.seed", "a non-negative integer", "the string \"x\""),
         ("seed = 1.5", "package.metadata.promptgen.seed", "a non-negative integer", "the float 1.5"),
         ("temperature = \"hot\"", "package.metadata.promptgen.temperature", "a number from 0 to 2", "string"),
-        ("max_steps = true", "package.metadata.promptgen.max_steps", "at least 1", "boolean"),
+        ("max_model_calls = true", "package.metadata.promptgen.max_model_calls", "at least 1", "boolean"),
         ("model = 3", "package.metadata.promptgen.model", "a string", "the integer 3"),
         ("num_ctx = \"big\"", "package.metadata.promptgen.num_ctx", "positive integer", "string"),
         ("steps = \"01\"", "package.metadata.promptgen.steps", "an array of tables", "string"),
@@ -612,7 +612,7 @@ fn bad_enum_values_list_the_allowed_ones() {
 fn out_of_range_numbers() {
     let fx = Fixture::new();
     let cases = [
-        ("max_steps = 0", "`package.metadata.promptgen.max_steps` = 0", "at least 1"),
+        ("max_model_calls = 0", "`package.metadata.promptgen.max_model_calls` = 0", "at least 1"),
         ("temperature = 2.5", "`package.metadata.promptgen.temperature` = 2.5", "from 0 to 2"),
         ("temperature = -1", "`package.metadata.promptgen.temperature` = -1", "from 0 to 2"),
         ("temperature = nan", "`package.metadata.promptgen.temperature` = NaN", "from 0 to 2"),
@@ -628,10 +628,10 @@ fn out_of_range_numbers() {
         assert!(matches!(err, ConfigError::InvalidValue { .. }), "{line}: {err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", key, expected]);
     }
-    // A step's own max_steps too.
-    let manifest = fx.package(&one_step("model = \"m\"", "max_steps = 0"));
+    // A step's own max_model_calls too.
+    let manifest = fx.package(&one_step("model = \"m\"", "max_model_calls = 0"));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_steps` = 0", "at least 1"]);
+    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_model_calls` = 0", "at least 1"]);
 }
 
 #[test]
@@ -855,7 +855,7 @@ fn every_mistake_in_a_manifest_names_its_line_and_column() {
         ("model = \"m\"", "outputs = [\"a.rs\", \"../b.rs\"]", "11:20"),
         ("model = \"m\"", "inputs = [\"src/none.rs\"]", "11:11"),
         ("model = \"m\"", "system_prompt = \"none.md\"", "11:17"),
-        ("model = \"m\"", "max_steps = 0", "11:13"),
+        ("model = \"m\"", "max_model_calls = 0", "11:19"),
         ("model = \"m\"", "check = \"cargo\"", "11:9"),
         ("model = \"m\"", "id = \"02\"", "11:1"),
         ("", "", "5:1"),
@@ -887,4 +887,34 @@ fn every_mistake_in_a_manifest_names_its_line_and_column() {
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let err = load_err(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "x")]);
     assert_eq!(err.location(), None);
+}
+
+#[test]
+fn max_steps_is_the_old_name_of_max_model_calls() {
+    let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nmax_steps = 5\n");
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    assert_eq!(load(&manifest, &Overrides::default(), NONE).steps[0].max_model_calls, 5);
+    let manifest = fx.package(&one_step("model = \"m\"\nmax_steps = 6", ""));
+    assert_eq!(load(&manifest, &Overrides::default(), NONE).steps[0].max_model_calls, 6);
+    let manifest = fx.package(&one_step("model = \"m\"\nmax_steps = 6", "max_steps = 7"));
+    assert_eq!(load(&manifest, &Overrides::default(), NONE).steps[0].max_model_calls, 7);
+
+    // The old name is checked like the new one, and named as written.
+    let manifest = fx.package(&one_step("model = \"m\"", "max_steps = 0"));
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_steps` = 0", "at least 1"]);
+
+    // Both names in one table: an error naming both, at the second.
+    for (chain, step, table, at) in [
+        ("model = \"m\"\nmax_steps = 6\nmax_model_calls = 7", "", "package.metadata.promptgen", "8:1"),
+        ("model = \"m\"", "max_model_calls = 7\nmax_steps = 6", "package.metadata.promptgen.steps[0]", "12:1"),
+    ] {
+        let manifest = fx.package(&one_step(chain, step));
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        assert!(matches!(err, ConfigError::SetTwice { .. }), "{err:?}");
+        assert_mentions(&err, &[&format!("`{table}.max_model_calls`"), &format!("`{table}.max_steps`"), "old name"]);
+        assert_eq!(err.location().map(|l| l.to_string()).as_deref(), Some(at), "{err}");
+        assert_eq!(err.key(), Some(format!("{table}.max_model_calls").as_str()));
+    }
 }

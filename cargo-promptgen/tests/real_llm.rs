@@ -20,7 +20,7 @@ use codegen_core::backend::{BackendConfig, BackendError, BackendKind};
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript};
 use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
-use support::{run, text, Package};
+use support::{Package, run, text};
 
 const WHY: &str = "needs a real llama.cpp server: run scripts/real-llm.sh";
 
@@ -76,7 +76,7 @@ fn backend(url: &str) -> Box<dyn codegen_core::backend::Backend> {
 }
 
 /// Runs one step in `dir/out`, and checks that nothing appeared in `dir` outside it.
-fn one_step(protocol: ToolProtocol, max_steps: u32) -> (tempfile::TempDir, Result<StepOutput, StepFailure>) {
+fn one_step(protocol: ToolProtocol, max_model_calls: u32) -> (tempfile::TempDir, Result<StepOutput, StepFailure>) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let mut sandbox = Sandbox::builder(&out).build().unwrap();
@@ -84,7 +84,7 @@ fn one_step(protocol: ToolProtocol, max_steps: u32) -> (tempfile::TempDir, Resul
         "smollm2",
         "Write the file hello.txt containing the text: hello world. Use the write_file tool, then call finish.",
     );
-    step.protocol(protocol).seed(1).temperature(0.0).max_steps(max_steps);
+    step.protocol(protocol).seed(1).temperature(0.0).max_model_calls(max_model_calls);
     let result = step.run(backend(&server_url()).as_mut(), &mut sandbox);
     let outside: Vec<PathBuf> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).filter(|p| *p != out).collect();
@@ -124,7 +124,7 @@ fn assert_clean(result: &Result<StepOutput, StepFailure>) {
             panic!("{death}\n(the step failed with: {failure})");
         }
         assert!(matches!(failure.error, Error::BudgetExhausted { .. }), "unexpected failure: {failure}");
-        assert!(failure.to_string().contains("max_steps"), "{failure}");
+        assert!(failure.to_string().contains("max_model_calls"), "{failure}");
     }
 }
 
@@ -141,7 +141,12 @@ fn a_native_step_gets_a_real_tool_call_runs_it_in_the_sandbox_and_counts_tokens(
         Event::ToolRun { model_call: 1, via, tool, .. } => Some((*via, tool.clone())),
         _ => None,
     });
-    assert_eq!(first_run, Some((CallSource::Native, "write_file".to_string())), "{}", transcript.to_jsonl(codegen_core::transcript::Volatility::Keep));
+    assert_eq!(
+        first_run,
+        Some((CallSource::Native, "write_file".to_string())),
+        "{}",
+        transcript.to_jsonl(codegen_core::transcript::Volatility::Keep)
+    );
     let first_call = transcript.events.iter().find_map(|e| match e {
         Event::ModelCall { number: 1, finish_reason, usage, .. } => Some((finish_reason.clone(), *usage)),
         _ => None,
@@ -154,7 +159,9 @@ fn a_native_step_gets_a_real_tool_call_runs_it_in_the_sandbox_and_counts_tokens(
         .events
         .iter()
         .filter_map(|e| match e {
-            Event::ToolRun { tool, ok: true, arguments: codegen_core::chat::Arguments::Object(args), .. } if tool == "write_file" => {
+            Event::ToolRun { tool, ok: true, arguments: codegen_core::chat::Arguments::Object(args), .. }
+                if tool == "write_file" =>
+            {
                 args.get("path").and_then(|p| p.as_str()).map(str::to_string)
             }
             _ => None,
@@ -194,7 +201,7 @@ fn an_unknown_model_name_is_served_by_the_default_model() {
     let dir = tempfile::tempdir().unwrap();
     let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
     let mut step = Step::new("no-such-model-anywhere", "Say hello.");
-    step.protocol(ToolProtocol::Json).max_steps(2);
+    step.protocol(ToolProtocol::Json).max_model_calls(2);
     let result = step.run(backend(&server_url()).as_mut(), &mut sandbox);
     assert_clean(&result);
     assert!(transcript(&result).totals().prompt_tokens > 0);
@@ -210,10 +217,14 @@ fn a_prompt_over_the_context_window_is_a_clear_error_naming_what_to_change() {
     let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
     let long = "Here is a long input that the model must read. ".repeat(1200);
     let mut step = Step::new("smollm2", format!("{long}\nNow write hello.txt."));
-    step.protocol(ToolProtocol::Json).max_steps(2);
+    step.protocol(ToolProtocol::Json).max_model_calls(2);
     let started = Instant::now();
     let failure = step.run(backend(&server_url()).as_mut(), &mut sandbox).unwrap_err();
-    println!("MEASURE {} context overflow refused in {:.2}s: {failure}", server_kind(), started.elapsed().as_secs_f64());
+    println!(
+        "MEASURE {} context overflow refused in {:.2}s: {failure}",
+        server_kind(),
+        started.elapsed().as_secs_f64()
+    );
     match &failure.error {
         Error::Backend(BackendError::ContextOverflow { .. }) => {}
         other => panic!("expected a context overflow, got: {other}"),
@@ -229,7 +240,7 @@ backend = "openai"
 model = "smollm2"
 seed = 1
 temperature = 0.0
-max_steps = 4
+max_model_calls = 4
 protocol = "json"
 request_timeout_secs = 300
 max_output_tokens = 384
@@ -260,7 +271,7 @@ fn cargo_promptgen_records_a_real_run_and_the_next_run_calls_no_model() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("0 of 1 steps regenerated"), "{}", text(&out));
     } else {
         // A weak model may exhaust its budget: then the error says so and nothing is recorded.
-        assert!(String::from_utf8_lossy(&out.stderr).contains("max_steps"), "{}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("max_model_calls"), "{}", text(&out));
         assert!(!package.path("promptgen.lock").exists());
     }
 }
@@ -327,7 +338,7 @@ const TWO_STEPS: &str = r#"
 [package.metadata.promptgen]
 backend = "openai"
 model = "smollm2"
-max_steps = 3
+max_model_calls = 3
 protocol = "json"
 max_output_tokens = 384
 
