@@ -38,7 +38,11 @@
 //! ```
 //!
 //! `[workspace.metadata.promptgen]` may set every chain-level key except `steps`; its file
-//! paths are relative to the workspace root.
+//! paths are relative to the workspace root. That root is the one cargo finds: the package's
+//! own manifest if it has a `[workspace]` table, else the root `package.workspace` names, else
+//! the nearest parent folder's `Cargo.toml` with a `[workspace]` table that does not `exclude`
+//! the package (or that names its own root with `package.workspace`). A caller that knows the
+//! root (from `cargo metadata`) passes it in [`Overrides::workspace_root`].
 //!
 //! Each key is declared once, in this module's `ChainTable` and `StepTable` (the keys they
 //! share in `with_shared_keys!`); serde reads them and `serde_ignored` reports the keys nobody
@@ -218,6 +222,8 @@ struct Manifest {
 struct PackageTable {
     name: Option<Spanned<String>>,
     edition: Option<Spanned<Edition>>,
+    /// The path of the workspace root, when the package names it.
+    workspace: Option<Spanned<String>>,
     metadata: Option<Metadata>,
 }
 
@@ -252,6 +258,28 @@ struct WorkspacePackage {
 #[derive(Deserialize)]
 struct RootManifest {
     workspace: Option<Spanned<WorkspaceTable>>,
+}
+
+/// What the search for the workspace root reads of the manifests it meets on its way.
+#[derive(Deserialize)]
+struct Probe {
+    package: Option<ProbePackage>,
+    workspace: Option<ProbeWorkspace>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct ProbePackage {
+    workspace: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct ProbeWorkspace {
+    #[serde(default)]
+    members: Vec<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
 }
 
 /// `one of "a", "b", "c"`: the names `T`'s own `Deserialize` accepts.
@@ -309,6 +337,10 @@ pub struct Overrides {
     pub model: Option<String>,
     /// `--base-url`: the server's URL.
     pub base_url: Option<String>,
+    /// The workspace root, when the caller knows it better than a search of the folders (the
+    /// `cargo promptgen` binary passes the one `cargo metadata` reports). `None`: found by
+    /// cargo's rule.
+    pub workspace_root: Option<PathBuf>,
 }
 
 /// Where a resolved value came from.
@@ -361,7 +393,8 @@ pub struct Chain {
     pub package_dir: PathBuf,
     /// The package's `Cargo.toml` (absolute).
     pub manifest_path: PathBuf,
-    /// The folder of the nearest manifest with a `[workspace]` table, if any.
+    /// The root folder of the workspace the package belongs to (found by cargo's rule, or as
+    /// [`Overrides::workspace_root`] says); `None` when it belongs to none.
     pub workspace_root: Option<PathBuf>,
     /// Which backend every step uses.
     pub backend: BackendKind,
@@ -1137,7 +1170,7 @@ pub fn load(
     let package_layer = Layer::check(&package_ctx, chain_table.get_ref(), Origin::Package)?;
     let declared = check_steps(&package_ctx, chain_table)?;
 
-    let workspace = find_workspace(&manifest, &package_dir)?;
+    let workspace = find_workspace(&src, &manifest, &package_dir, overrides.workspace_root.as_deref())?;
     let workspace_table = workspace.as_ref().and_then(|ws| {
         let (ws_src, table) = match &ws.manifest {
             None => (&src, manifest.workspace.as_ref()?),
@@ -1374,7 +1407,17 @@ impl Ctx<'_> {
                 expected: "a path to a file".into(),
             });
         }
-        let path = lexical_join(self.base, written.get_ref());
+        self.file_at(name, written, lexical_join(self.base, written.get_ref()), what)
+    }
+
+    /// `path`, which the key `name` names (as `written`), if it is a file.
+    fn file_at(
+        &self,
+        name: &str,
+        written: &Spanned<String>,
+        path: PathBuf,
+        what: &str,
+    ) -> Result<PathBuf, ConfigError> {
         match std::fs::metadata(&path) {
             Ok(meta) if meta.is_file() => Ok(path),
             Ok(_) => Err(ConfigError::NotAFile {
@@ -1609,24 +1652,88 @@ struct WorkspaceRoot {
     manifest: Option<(Source, RootManifest)>,
 }
 
-/// Finds the workspace the way cargo does: the package's own manifest if it has a
-/// `[workspace]` table, else the nearest `Cargo.toml` with one in the parent folders.
-fn find_workspace(manifest: &Manifest, package_dir: &Path) -> Result<Option<WorkspaceRoot>, ConfigError> {
-    if manifest.workspace.is_some() {
-        return Ok(Some(WorkspaceRoot { dir: package_dir.to_path_buf(), manifest: None }));
+impl WorkspaceRoot {
+    /// The workspace whose root is `dir`, if `dir/Cargo.toml` has a `[workspace]` table.
+    fn open(dir: &Path) -> Result<Option<WorkspaceRoot>, ConfigError> {
+        let src = Source::read(&dir.join("Cargo.toml"))?;
+        let root: RootManifest = src.parse(&[WORKSPACE_PREFIX])?;
+        Ok(root.workspace.is_some().then(|| WorkspaceRoot { dir: dir.to_path_buf(), manifest: Some((src, root)) }))
     }
-    for dir in package_dir.ancestors().skip(1) {
+}
+
+/// Finds the workspace of the package in `package_dir` the way cargo does:
+///
+/// 1. the root the caller was told ([`Overrides::workspace_root`], from `cargo metadata`);
+/// 2. else the package's own manifest, when it has a `[workspace]` table;
+/// 3. else the root that `package.workspace = "path"` names;
+/// 4. else the nearest manifest in the parent folders with a `[workspace]` table that does not
+///    exclude the package (cargo walks on past a workspace that excludes it), or that itself
+///    names its root with
+///    `package.workspace`. The walk stops below a `target/package` folder, as cargo's does.
+fn find_workspace(
+    src: &Source,
+    manifest: &Manifest,
+    package_dir: &Path,
+    told: Option<&Path>,
+) -> Result<Option<WorkspaceRoot>, ConfigError> {
+    let own = || WorkspaceRoot { dir: package_dir.to_path_buf(), manifest: None };
+    if let Some(root) = told.map(absolute) {
+        return if root == package_dir {
+            Ok(manifest.workspace.is_some().then(own))
+        } else {
+            WorkspaceRoot::open(&root)
+        };
+    }
+    if manifest.workspace.is_some() {
+        return Ok(Some(own()));
+    }
+    if let Some(pointer) = manifest.package.as_ref().and_then(|p| p.get_ref().workspace.as_ref()) {
+        return named_root(src, pointer, package_dir).map(Some);
+    }
+    let package_manifest = package_dir.join("Cargo.toml");
+    for dir in package_dir.ancestors().skip(1).take_while(|dir| !dir.ends_with("target/package")) {
         let candidate = dir.join("Cargo.toml");
         if !candidate.is_file() {
             continue;
         }
-        let src = Source::read(&candidate)?;
-        let root: RootManifest = src.parse(&[WORKSPACE_PREFIX])?;
-        if root.workspace.is_some() {
-            return Ok(Some(WorkspaceRoot { dir: dir.to_path_buf(), manifest: Some((src, root)) }));
+        let ancestor = Source::read(&candidate)?;
+        let probe: Probe = ancestor.parse(&[])?;
+        match (probe.workspace, probe.package.and_then(|p| p.workspace)) {
+            (Some(ws), _) if !ws.excludes(dir, &package_manifest) => return WorkspaceRoot::open(dir),
+            (Some(_), _) => {}
+            (None, Some(pointer)) => return named_root(&ancestor, &pointer, dir).map(Some),
+            (None, None) => {}
         }
     }
     Ok(None)
+}
+
+/// The workspace whose root `package.workspace = pointer` names, in the manifest `src` of the
+/// folder `dir`.
+fn named_root(src: &Source, pointer: &Spanned<String>, dir: &Path) -> Result<WorkspaceRoot, ConfigError> {
+    let ctx = Ctx { src, prefix: "package".into(), base: dir };
+    let root = lexical_join(dir, pointer.get_ref());
+    ctx.file_at("workspace", pointer, root.join("Cargo.toml"), "workspace root's manifest")?;
+    WorkspaceRoot::open(&root)?.ok_or_else(|| ConfigError::InvalidValue {
+        file: src.file.clone(),
+        at: src.at_span(pointer),
+        key: "package.workspace".into(),
+        value: format!("{:?}", pointer.get_ref()),
+        expected: format!(
+            "the folder of a workspace root, but `{}` has no `[workspace]` table",
+            root.join("Cargo.toml").display()
+        ),
+    })
+}
+
+impl ProbeWorkspace {
+    /// Whether this workspace, rooted in `root`, leaves out the package whose manifest is
+    /// `package_manifest`. Cargo's rule: an `exclude` entry holds it and no `members` entry
+    /// does (both compared as paths, globs unexpanded).
+    fn excludes(&self, root: &Path, package_manifest: &Path) -> bool {
+        let holds = |paths: &[String]| paths.iter().any(|path| package_manifest.starts_with(lexical_join(root, path)));
+        holds(&self.exclude) && !holds(&self.members)
+    }
 }
 
 // ---- Paths --------------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ fn flags(backend: Option<&str>, model: Option<&str>, base_url: Option<&str>) -> 
         backend: backend.map(str::to_string),
         model: model.map(str::to_string),
         base_url: base_url.map(str::to_string),
+        ..Overrides::default()
     }
 }
 
@@ -917,4 +918,154 @@ fn max_steps_is_the_old_name_of_max_model_calls() {
         assert_eq!(err.location().map(|l| l.to_string()).as_deref(), Some(at), "{err}");
         assert_eq!(err.key(), Some(format!("{table}.max_model_calls").as_str()));
     }
+}
+
+// ---- which workspace a package belongs to ----
+
+/// Writes `files` (path, text) under `root`, with a `src/lib.rs` beside each `Cargo.toml` that
+/// declares a package and the prompt its chain names, so that cargo accepts them too.
+fn layout(root: &Path, files: &[(&str, &str)]) {
+    for (rel, text) in files {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        if text.contains("[package]") {
+            let dir = path.parent().unwrap();
+            std::fs::create_dir_all(dir.join("src")).unwrap();
+            std::fs::write(dir.join("src/lib.rs"), "").unwrap();
+            std::fs::write(dir.join("01.md"), "Write it.").unwrap();
+        }
+    }
+}
+
+/// A package `name` with a one-step chain, `package_extra` in its `[package]` table and
+/// `chain` in its chain's.
+fn member(name: &str, package_extra: &str, chain: &str) -> String {
+    format!(
+        "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\n{package_extra}\n\n[package.metadata.promptgen]\n{chain}\n\n\
+         [[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"01.md\"\n"
+    )
+}
+
+/// What `cargo metadata` says the workspace root of the package at `manifest` is.
+fn cargo_workspace_root(manifest: &Path) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline", "--manifest-path"])
+        .arg(manifest)
+        .output()
+        .expect("run cargo metadata");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    PathBuf::from(json["workspace_root"].as_str().unwrap())
+}
+
+/// Loads the package at `manifest`, checks that its workspace root is cargo's, and that being
+/// told cargo's root gives the same chain.
+fn load_like_cargo(manifest: &Path) -> Chain {
+    let chain = load(manifest, &Overrides::default(), NONE);
+    let ours = chain.workspace_root.clone().unwrap_or_else(|| chain.package_dir.clone());
+    let cargo = cargo_workspace_root(manifest);
+    assert_eq!(std::fs::canonicalize(&ours).unwrap(), std::fs::canonicalize(&cargo).unwrap(), "{}", manifest.display());
+    let told = Overrides { workspace_root: Some(cargo), ..Overrides::default() };
+    assert_eq!(load(manifest, &told, NONE), chain, "told cargo's root: {}", manifest.display());
+    chain
+}
+
+#[test]
+fn a_package_excluded_from_the_nearest_workspace_belongs_to_the_next_one_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    layout(
+        root,
+        &[
+            (
+                "Cargo.toml",
+                "[workspace]\nmembers = [\"inner/nested\"]\n\n[workspace.package]\nedition = \"2021\"\n\n\
+                 [workspace.metadata.promptgen]\nmodel = \"outer\"\n",
+            ),
+            (
+                "inner/Cargo.toml",
+                "[workspace]\nexclude = [\"nested\"]\n\n[workspace.package]\nedition = \"2018\"\n\n\
+                 [workspace.metadata.promptgen]\nmodel = \"inner\"\n",
+            ),
+            ("inner/nested/Cargo.toml", &member("nested", "edition.workspace = true", "")),
+        ],
+    );
+    let chain = load_like_cargo(&root.join("inner/nested/Cargo.toml"));
+    assert_eq!(chain.workspace_root, Some(root.to_path_buf()));
+    assert_eq!((chain.steps[0].model.as_str(), chain.steps[0].model_origin), ("outer", Origin::Workspace));
+    assert_eq!(chain.edition, "2021");
+}
+
+#[test]
+fn an_excluded_package_without_another_workspace_inherits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let workspace = "[workspace]\nmembers = []\nexclude = [\"nested\"]\n\n[workspace.package]\nedition = \"2018\"\n\n\
+                     [workspace.metadata.promptgen]\nmodel = \"ws\"\n";
+    layout(root, &[("Cargo.toml", workspace), ("nested/Cargo.toml", &member("nested", "edition = \"2021\"", ""))]);
+    let manifest = root.join("nested/Cargo.toml");
+    assert_eq!(cargo_workspace_root(&manifest), root.join("nested"));
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::MissingModel { .. }), "not the excluding workspace's model: {err:?}");
+
+    layout(root, &[("nested/Cargo.toml", &member("nested", "edition = \"2021\"", "model = \"own\""))]);
+    let chain = load_like_cargo(&manifest);
+    assert_eq!((chain.workspace_root, chain.edition.as_str()), (None, "2021"));
+
+    // A `members` glob does not win over `exclude`; the path itself does.
+    layout(root, &[("Cargo.toml", &workspace.replace("members = []", "members = [\"nest*\"]"))]);
+    assert_eq!(load_like_cargo(&manifest).workspace_root, None);
+    layout(root, &[("Cargo.toml", &workspace.replace("members = []", "members = [\"nested\"]"))]);
+    assert_eq!(load_like_cargo(&manifest).workspace_root, Some(root.to_path_buf()));
+}
+
+#[test]
+fn package_workspace_names_the_root_over_a_nearer_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    layout(
+        root,
+        &[
+            (
+                "ws/Cargo.toml",
+                "[workspace]\nmembers = [\"../pkgs/a\"]\n\n[workspace.metadata.promptgen]\nmodel = \"pointed\"\n",
+            ),
+            ("pkgs/a/Cargo.toml", &member("a", "edition = \"2021\"\nworkspace = \"../../ws\"", "")),
+            ("Cargo.toml", "[workspace]\nmembers = []\n\n[workspace.metadata.promptgen]\nmodel = \"nearest\"\n"),
+        ],
+    );
+    let chain = load_like_cargo(&root.join("pkgs/a/Cargo.toml"));
+    assert_eq!(chain.workspace_root, Some(root.join("ws")));
+    assert_eq!(chain.steps[0].model, "pointed");
+
+    // A root that is not one is an error at `package.workspace`.
+    layout(root, &[("pkgs/a/Cargo.toml", &member("a", "workspace = \"../..\"", "model = \"m\""))]);
+    std::fs::write(root.join("Cargo.toml"), "[package]\nname = \"top\"\n").unwrap();
+    let err = load_err(&root.join("pkgs/a/Cargo.toml"), &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert_mentions(&err, &["pkgs/a/Cargo.toml:4:13`", "`package.workspace` = \"../..\"", "no `[workspace]` table"]);
+    layout(root, &[("pkgs/a/Cargo.toml", &member("a", "workspace = \"../nowhere\"", "model = \"m\""))]);
+    let err = load_err(&root.join("pkgs/a/Cargo.toml"), &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::FileNotFound { .. }), "{err:?}");
+    assert_mentions(&err, &["`package.workspace`", "workspace root's manifest", "does not exist"]);
+}
+
+#[test]
+fn a_plain_member_and_a_package_without_workspace_agree_with_cargo() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    layout(
+        root,
+        &[
+            ("ws/Cargo.toml", "[workspace]\nmembers = [\"crates/*\"]\n\n[workspace.package]\nedition = \"2024\"\n"),
+            ("ws/crates/a/Cargo.toml", &member("a", "edition.workspace = true", "model = \"m\"")),
+            ("lone/Cargo.toml", &member("lone", "", "model = \"m\"")),
+        ],
+    );
+    let chain = load_like_cargo(&root.join("ws/crates/a/Cargo.toml"));
+    assert_eq!((chain.workspace_root, chain.edition.as_str()), (Some(root.join("ws")), "2024"));
+    let chain = load_like_cargo(&root.join("lone/Cargo.toml"));
+    assert_eq!((chain.workspace_root, chain.edition.as_str()), (None, "2015"));
 }
