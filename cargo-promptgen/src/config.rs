@@ -702,6 +702,24 @@ pub enum ConfigError {
         /// What the file is for (``prompt of step `01` ``).
         what: String,
     },
+    /// A file or folder the declaration names cannot be looked at, for another reason than
+    /// not existing (permission denied, a path through a file, ...).
+    #[error("`{}:{at}`: `{key}`: cannot use the {what}, `{}`: {source}", file.display(), path.display())]
+    Unreadable {
+        /// The manifest.
+        file: PathBuf,
+        /// Where.
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The path it resolved to.
+        path: PathBuf,
+        /// What the file or folder is for.
+        what: String,
+        /// The operating system's reason.
+        #[source]
+        source: io::Error,
+    },
     /// A path that must be a file is something else (a folder).
     #[error("`{}:{at}`: `{key}` = {value:?}: `{}` is a folder, but the {what} must be a file.", file.display(), path.display())]
     NotAFile {
@@ -806,6 +824,7 @@ impl ConfigError {
             | ConfigError::Missing { file, .. }
             | ConfigError::DuplicateId { file, .. }
             | ConfigError::FileNotFound { file, .. }
+            | ConfigError::Unreadable { file, .. }
             | ConfigError::NotAFile { file, .. }
             | ConfigError::BadPath { file, .. }
             | ConfigError::MissingModel { file, .. }
@@ -829,6 +848,7 @@ impl ConfigError {
             | ConfigError::Missing { key, .. }
             | ConfigError::DuplicateId { key, .. }
             | ConfigError::FileNotFound { key, .. }
+            | ConfigError::Unreadable { key, .. }
             | ConfigError::NotAFile { key, .. }
             | ConfigError::BadPath { key, .. }
             | ConfigError::MissingModel { key, .. }
@@ -853,6 +873,7 @@ impl ConfigError {
             | ConfigError::Missing { at, .. }
             | ConfigError::DuplicateId { at, .. }
             | ConfigError::FileNotFound { at, .. }
+            | ConfigError::Unreadable { at, .. }
             | ConfigError::NotAFile { at, .. }
             | ConfigError::BadPath { at, .. }
             | ConfigError::MissingModel { at, .. }
@@ -1428,14 +1449,25 @@ impl Ctx<'_> {
                 path,
                 what: what.into(),
             }),
-            Err(_) => Err(ConfigError::FileNotFound {
-                file: self.src.file.clone(),
-                at: self.src.at_span(written),
-                key: self.key(name),
-                path,
-                relative_to: self.base.into(),
-                what: what.into(),
-            }),
+            Err(e) => Err(self.not_there(self.key(name), written, path, what.into(), e)),
+        }
+    }
+
+    /// `path`, named by `key` as `written`, cannot be looked at: missing, or `error`.
+    fn not_there(
+        &self,
+        key: String,
+        written: &Spanned<String>,
+        path: PathBuf,
+        what: String,
+        error: io::Error,
+    ) -> ConfigError {
+        let (file, at) = (self.src.file.clone(), self.src.at_span(written));
+        match error.kind() {
+            io::ErrorKind::NotFound => {
+                ConfigError::FileNotFound { file, at, key, path, relative_to: self.base.into(), what }
+            }
+            _ => ConfigError::Unreadable { file, at, key, path, what, source: error },
         }
     }
 
@@ -1465,16 +1497,7 @@ impl Ctx<'_> {
                 Ok(_) => {
                     return Err(bad(format!("names `{}`, which is neither a file nor a folder", real_path.display())));
                 }
-                Err(_) => {
-                    return Err(ConfigError::FileNotFound {
-                        file: self.src.file.clone(),
-                        at: self.src.at_span(written),
-                        key,
-                        path: real_path,
-                        relative_to: self.base.into(),
-                        what: format!("input of step `{step_id}`"),
-                    });
-                }
+                Err(e) => return Err(self.not_there(key, written, real_path, format!("input of step `{step_id}`"), e)),
             };
             if inputs.iter().any(|i| i.virtual_path == virtual_path) {
                 return Err(bad(format!(

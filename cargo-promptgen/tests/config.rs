@@ -1069,3 +1069,33 @@ fn a_plain_member_and_a_package_without_workspace_agree_with_cargo() {
     let chain = load_like_cargo(&root.join("lone/Cargo.toml"));
     assert_eq!((chain.workspace_root, chain.edition.as_str()), (None, "2015"));
 }
+
+#[test]
+fn a_path_that_cannot_be_looked_at_says_why_not_that_it_does_not_exist() {
+    let fx = Fixture::new();
+    // A path through a regular file: the OS says "not a directory" (ENOTDIR), which works
+    // for root too, unlike a folder without permissions.
+    let cases = [
+        ("prompt = \"../prompts/01.md/x.md\"", "steps[0].prompt", "prompts/01.md/x.md", "prompt of step `01`"),
+        ("system_prompt = \"src/lib.rs/x.md\"", "steps[0].system_prompt", "pkg/src/lib.rs/x.md", "system prompt"),
+        ("inputs = [\"src/domain.rs/x\"]", "steps[0].inputs[0]", "pkg/src/domain.rs/x", "input of step `01`"),
+    ];
+    for (line, key, resolved, what) in cases {
+        let text = if line.starts_with("prompt") {
+            format!(
+                "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n{line}\n"
+            )
+        } else {
+            one_step("model = \"m\"", line)
+        };
+        let manifest = fx.package(&text);
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        assert!(matches!(err, ConfigError::Unreadable { .. }), "{line}: {err:?}");
+        let resolved = fx.path(resolved).display().to_string();
+        assert_mentions(&err, &[&format!("package.metadata.promptgen.{key}`"), &resolved, what, "Not a directory"]);
+        assert!(!err.to_string().contains("does not exist"), "{err}");
+        assert!(err.location().is_some(), "{err}");
+        let source = std::error::Error::source(&err).expect("the I/O error is the source");
+        assert!(source.to_string().contains("Not a directory"), "{source}");
+    }
+}
