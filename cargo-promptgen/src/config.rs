@@ -69,6 +69,12 @@
 //! interior `a/..` folded); `..` components that remain at its start (an input outside the
 //! package, such as `../prompts/shared.md`) are dropped from the virtual path, so that file
 //! is seen as `prompts/shared.md`.
+//!
+//! A symbolic link inside an input folder is followed when it leads inside the package folder
+//! (or inside that input folder); a link that leads anywhere else, to nothing, or to a folder
+//! that holds it is a [`ConfigError::InputLink`] naming the link and its target. The
+//! fingerprint and the sandbox walk input folders by the same rule
+//! (`codegen_core::sandbox::input_files`).
 #![allow(
     clippy::result_large_err,
     reason = "a `ConfigError` is made once, when a load fails, and travels a few frames: its size costs nothing \
@@ -86,6 +92,7 @@ use std::time::Duration;
 use codegen_core::ToolProtocol;
 use codegen_core::backend::ollama::{self, parse_host};
 use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, openai};
+use codegen_core::sandbox::{SandboxError, input_files};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
@@ -720,6 +727,23 @@ pub enum ConfigError {
         #[source]
         source: io::Error,
     },
+    /// A symbolic link in an input folder leads outside the package, to nothing, or to a
+    /// folder that holds it.
+    #[error("`{}:{at}`: `{key}`: the symbolic link `{}` leads to `{}`, {reason}.", file.display(), link.display(), target.display())]
+    InputLink {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the input that holds the link).
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The link.
+        link: PathBuf,
+        /// Where it leads.
+        target: PathBuf,
+        /// Why it is not followed, and what to do instead.
+        reason: String,
+    },
     /// A path that must be a file is something else (a folder).
     #[error("`{}:{at}`: `{key}` = {value:?}: `{}` is a folder, but the {what} must be a file.", file.display(), path.display())]
     NotAFile {
@@ -825,6 +849,7 @@ impl ConfigError {
             | ConfigError::DuplicateId { file, .. }
             | ConfigError::FileNotFound { file, .. }
             | ConfigError::Unreadable { file, .. }
+            | ConfigError::InputLink { file, .. }
             | ConfigError::NotAFile { file, .. }
             | ConfigError::BadPath { file, .. }
             | ConfigError::MissingModel { file, .. }
@@ -849,6 +874,7 @@ impl ConfigError {
             | ConfigError::DuplicateId { key, .. }
             | ConfigError::FileNotFound { key, .. }
             | ConfigError::Unreadable { key, .. }
+            | ConfigError::InputLink { key, .. }
             | ConfigError::NotAFile { key, .. }
             | ConfigError::BadPath { key, .. }
             | ConfigError::MissingModel { key, .. }
@@ -874,6 +900,7 @@ impl ConfigError {
             | ConfigError::DuplicateId { at, .. }
             | ConfigError::FileNotFound { at, .. }
             | ConfigError::Unreadable { at, .. }
+            | ConfigError::InputLink { at, .. }
             | ConfigError::NotAFile { at, .. }
             | ConfigError::BadPath { at, .. }
             | ConfigError::MissingModel { at, .. }
@@ -1471,6 +1498,20 @@ impl Ctx<'_> {
         }
     }
 
+    /// Why the input folder named by `key` (as `written`) cannot be walked.
+    fn walk_error(&self, key: &str, written: &Spanned<String>, step_id: &str, error: SandboxError) -> ConfigError {
+        let (file, at, key) = (self.src.file.clone(), self.src.at_span(written), key.to_string());
+        match error {
+            SandboxError::InputLink { link, target, reason } => {
+                ConfigError::InputLink { file, at, key, link, target, reason }
+            }
+            SandboxError::Fs(e) => self.not_there(key, written, e.path, format!("input of step `{step_id}`"), e.source),
+            other => {
+                ConfigError::BadPath { file, at, key, value: written.get_ref().clone(), reason: other.to_string() }
+            }
+        }
+    }
+
     fn outputs(&self, list: &[Spanned<String>]) -> Result<Vec<String>, ConfigError> {
         let mut outputs: Vec<String> = Vec::new();
         for (i, written) in list.iter().enumerate() {
@@ -1499,6 +1540,11 @@ impl Ctx<'_> {
                 }
                 Err(e) => return Err(self.not_there(key, written, real_path, format!("input of step `{step_id}`"), e)),
             };
+            if is_dir {
+                // Its links are followed inside the package only, as the fingerprint and the
+                // sandbox follow them.
+                input_files(&real_path, Some(self.base)).map_err(|e| self.walk_error(&key, written, step_id, e))?;
+            }
             if inputs.iter().any(|i| i.virtual_path == virtual_path) {
                 return Err(bad(format!(
                     "is seen by the model as `{virtual_path}`, like an earlier input of the step; list each input once"

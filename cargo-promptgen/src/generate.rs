@@ -193,7 +193,7 @@ fn run_step(
     let output_root = scratch.path().join("tree");
     sync_dir(&output_root, tree)?;
 
-    let mut builder = Sandbox::builder(&output_root);
+    let mut builder = Sandbox::builder(&output_root).links_within(&chain.package_dir);
     for input in &step.inputs {
         builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
     }

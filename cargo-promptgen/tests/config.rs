@@ -1099,3 +1099,32 @@ fn a_path_that_cannot_be_looked_at_says_why_not_that_it_does_not_exist() {
         assert!(source.to_string().contains("Not a directory"), "{source}");
     }
 }
+
+#[cfg(unix)]
+#[test]
+fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_it() {
+    use std::os::unix::fs::symlink;
+    let fx = Fixture::new();
+    symlink(fx.path("pkg/prompts"), fx.path("pkg/src/local")).unwrap();
+    let manifest = fx.package(&one_step("model = \"m\"", "inputs = [\"src\"]"));
+    let chain = load(&manifest, &Overrides::default(), NONE);
+    // Regression: the fingerprint read the link to a folder as a file ("Is a directory").
+    let fingerprint = cargo_promptgen::plan::fingerprint(&chain, &chain.steps[0], None).unwrap();
+    let hashed: Vec<&str> = fingerprint.inputs.keys().map(String::as_str).collect();
+    assert_eq!(hashed, ["src/domain.rs", "src/lib.rs", "src/local/local.md"]);
+
+    // A link out of the package: refused when the chain is loaded, naming the link and its
+    // target...
+    symlink(fx.path("prompts/shared"), fx.path("pkg/src/outside")).unwrap();
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::InputLink { .. }), "{err:?}");
+    assert_mentions(
+        &err,
+        &["Cargo.toml:11:11`", "`package.metadata.promptgen.steps[0].inputs[0]`", "src/outside`", "prompts/shared`"],
+    );
+    assert_mentions(&err, &["outside", "pkg`"]);
+    // ... and by the fingerprint of a chain loaded before it appeared, as the step's error.
+    let err = cargo_promptgen::plan::fingerprint(&chain, &chain.steps[0], None).unwrap_err();
+    assert!(matches!(err, cargo_promptgen::Error::Sandbox { .. }), "{err:?}");
+    assert!(err.to_string().contains("src/outside`"), "{err}");
+}
