@@ -475,7 +475,7 @@ fn loop_overhead() {
                 let out = dir.path().join("out");
                 let mut sandbox = Sandbox::builder(&out).input("docs", &docs).build().unwrap();
                 let mut step = codegen_core::Step::new("bench-model", prompt.clone());
-                step.max_steps(calls as u32 + 1);
+                step.max_model_calls(calls as u32 + 1);
                 let started = Instant::now();
                 let output = step.run(backend.as_mut(), &mut sandbox).unwrap();
                 let elapsed = started.elapsed();
@@ -662,7 +662,7 @@ fn bytes_to_the_model() {
             let inner = chain.backend_config(step).open().unwrap();
             let mut backend = Counting { inner, as_text, versions, calls: Vec::new() };
             let mut core = codegen_core::Step::new(step.model.clone(), std::fs::read_to_string(&step.prompt).unwrap());
-            core.max_steps(step.max_steps).protocol(step.protocol).check_rounds(step.check_rounds);
+            core.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
             if let Some(path) = &step.system_prompt {
                 core.system_prompt(std::fs::read_to_string(path).unwrap());
             }

@@ -3,9 +3,9 @@
 //! [`load`] reads `[package.metadata.promptgen]` (and the defaults of
 //! `[workspace.metadata.promptgen]`), applies the command line and the environment, and returns
 //! a [`Chain`] in which every value is settled and every file it names exists. Every mistake is
-//! a [`ConfigError`] that names the manifest, the exact key (a dotted path such as
-//! `package.metadata.promptgen.steps[1].prompt`) and what is expected instead; nothing here
-//! panics on user input.
+//! a [`ConfigError`] that names the manifest with the line and column (`Cargo.toml:12:9`), the
+//! exact key (a dotted path such as `package.metadata.promptgen.steps[1].prompt`) and what is
+//! expected instead; nothing here panics on user input.
 //!
 //! # The declaration
 //!
@@ -16,12 +16,16 @@
 //! base_url = "http://127.0.0.1:11434"   # optional
 //! seed = 123                            # optional integer >= 0
 //! temperature = 0.0                     # optional number from 0 to 2
-//! max_steps = 8                         # optional, >= 1 (default Step::DEFAULT_MAX_STEPS)
+//! max_model_calls = 8                   # optional, >= 1: model calls per step, repairs included
+//!                                       # (default Step::DEFAULT_MAX_MODEL_CALLS; old name: max_steps)
 //! protocol = "native"                   # "native" | "json" | "blocks" (default "native")
 //! system_prompt = "prompts/system.md"   # optional file, relative to the package directory
-//! num_ctx = 16384                       # optional, Ollama's context window
+//! num_ctx = 16384                       # optional, >= 1: Ollama's context window
 //! max_output_tokens = 4096              # optional, >= 1: the most tokens one reply may have
 //! request_timeout_secs = 600            # optional, >= 1
+//! check = "rustc"                       # "rustc" | "none" | ["cmd", "arg", ...]; default
+//!                                       # "rustc" for steps with .rs outputs, else "none"
+//! check_rounds = 3                      # optional integer >= 0 (default Step::DEFAULT_CHECK_ROUNDS)
 //!
 //! [[package.metadata.promptgen.steps]]
 //! id = "01"                             # required, unique, [A-Za-z0-9_-]+
@@ -29,13 +33,21 @@
 //! outputs = ["view.rs"]                 # optional relative forward-slash paths
 //! inputs = ["src/domain.rs", "src"]     # optional existing files or folders
 //! script = "../prompts/scripts/01.toml" # canned turns; required with backend "scripted"
-//! # optional per-step overrides: model, seed, temperature, max_steps, protocol, system_prompt
+//! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
+//! # system_prompt, check, check_rounds
 //! ```
 //!
 //! `[workspace.metadata.promptgen]` may set every chain-level key except `steps`; its file
-//! paths are relative to the workspace root, which is found the way cargo finds it: the
-//! nearest `Cargo.toml` with a `[workspace]` table, starting with the package's own manifest
-//! and then walking up through the parent folders.
+//! paths are relative to the workspace root. That root is the one cargo finds: the package's
+//! own manifest if it has a `[workspace]` table, else the root `package.workspace` names, else
+//! the nearest parent folder's `Cargo.toml` with a `[workspace]` table that does not `exclude`
+//! the package (or that names its own root with `package.workspace`). A caller that knows the
+//! root (from `cargo metadata`) passes it in [`Overrides::workspace_root`].
+//!
+//! Each key is declared once, in this module's `ChainTable` and `StepTable` (the keys they
+//! share in `with_shared_keys!`); serde reads them and `serde_ignored` reports the keys nobody
+//! declared. What serde cannot know is checked here by hand: files that must exist,
+//! the rules for paths, value ranges, the order of the layers and where each value came from.
 //!
 //! # Precedence
 //!
@@ -57,79 +69,271 @@
 //! interior `a/..` folded); `..` components that remain at its start (an input outside the
 //! package, such as `../prompts/shared.md`) are dropped from the virtual path, so that file
 //! is seen as `prompts/shared.md`.
+//!
+//! A symbolic link inside an input folder is followed when it leads inside the package folder
+//! (or inside that input folder); a link that leads anywhere else, to nothing, or to a folder
+//! that holds it is a [`ConfigError::InputLink`] naming the link and its target. The
+//! fingerprint and the sandbox walk input folders by the same rule
+//! (`codegen_core::sandbox::input_files`).
+#![allow(
+    clippy::result_large_err,
+    reason = "a `ConfigError` is made once, when a load fails, and travels a few frames: its size costs nothing \
+              measurable, while boxing its variants would change every match on them"
+)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use codegen_core::ToolProtocol;
 use codegen_core::backend::ollama::{self, parse_host};
 use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, openai};
-use toml::{Table, Value};
+use codegen_core::sandbox::{SandboxError, input_files};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
 
 /// The names of every environment variable `load` reads (for build scripts'
 /// `cargo:rerun-if-env-changed`).
 pub const ENV_VARS: &[&str] =
     &["PROMPTGEN_BACKEND", "PROMPTGEN_MODEL", "PROMPTGEN_BASE_URL", "OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY"];
 
-/// The keys `[package.metadata.promptgen]` accepts.
-pub const CHAIN_KEYS: &[&str] = &[
-    "backend",
-    "model",
-    "base_url",
-    "seed",
-    "temperature",
-    "max_steps",
-    "protocol",
-    "system_prompt",
-    "num_ctx",
-    "max_output_tokens",
-    "request_timeout_secs",
-    "check",
-    "check_rounds",
-    "steps",
-];
-
-/// The keys `[workspace.metadata.promptgen]` accepts: the chain-level keys without `steps`.
-pub const WORKSPACE_KEYS: &[&str] = &[
-    "backend",
-    "model",
-    "base_url",
-    "seed",
-    "temperature",
-    "max_steps",
-    "protocol",
-    "system_prompt",
-    "num_ctx",
-    "max_output_tokens",
-    "request_timeout_secs",
-    "check",
-    "check_rounds",
-];
-
-/// The keys a `[[package.metadata.promptgen.steps]]` table accepts.
-pub const STEP_KEYS: &[&str] = &[
-    "id",
-    "prompt",
-    "outputs",
-    "inputs",
-    "script",
-    "model",
-    "seed",
-    "temperature",
-    "max_steps",
-    "protocol",
-    "system_prompt",
-    "check",
-    "check_rounds",
-];
-
 const PACKAGE_PREFIX: &str = "package.metadata.promptgen";
 const WORKSPACE_PREFIX: &str = "workspace.metadata.promptgen";
-const BACKENDS_EXPECTED: &str = "one of \"ollama\", \"openai\", \"scripted\"";
-const PROTOCOLS_EXPECTED: &str = "one of \"native\", \"json\", \"blocks\"";
+
+// ---- The declaration, as serde reads it -------------------------------------------------------
+
+/// Declares a table of the metadata: each key once, with its type and what it must hold (for
+/// messages). Every key is optional to serde (`Option<Spanned<T>>`, so errors can point at
+/// it); a required key is required by hand, with a message that says what to write.
+/// `key | "old"` also accepts the key's old name.
+macro_rules! keys_table {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident {
+            $( $(#[doc = $doc:literal])* $key:ident $(| $alias:literal)? : $ty:ty => $expected:expr, )*
+        }
+    ) => {
+        #[derive(Debug, Default, Deserialize)]
+        $(#[$meta])*
+        struct $name {
+            $( $(#[doc = $doc])* $(#[serde(alias = $alias)])? $key: Option<Spanned<$ty>>, )*
+        }
+
+        impl $name {
+            /// Its keys, as the manifest spells them.
+            const KEYS: &'static [&'static str] = &[$(stringify!($key)),*];
+            /// Old names still accepted, each with the key it stands for.
+            const ALIASES: &'static [(&'static str, &'static str)] = &[$($(($alias, stringify!($key)),)?)*];
+
+            /// What the key `name` (or its old name) must hold.
+            fn expected(name: &str) -> Option<String> {
+                $( if name == stringify!($key) $(|| name == $alias)? { return Some(($expected).to_string()); } )*
+                None
+            }
+        }
+    };
+}
+
+/// [`keys_table!`] with the keys a step shares with the chain-level tables appended.
+macro_rules! with_shared_keys {
+    ($(#[$meta:meta])* struct $name:ident { $($own:tt)* }) => {
+        keys_table! {
+            $(#[$meta])*
+            struct $name {
+                $($own)*
+                /// The model's name.
+                model: String => "a string, non-empty (the model's name, e.g. \"qwen2.5-coder:7b\")",
+                /// The sampling seed.
+                seed: u64 => "a non-negative integer (e.g. 123)",
+                /// The sampling temperature.
+                temperature: f64 => TEMPERATURE_EXPECTED,
+                /// Model calls per step, repairs included.
+                max_model_calls | "max_steps": NonZeroU32 => "an integer of at least 1 (the model calls the step may make, e.g. 8)",
+                /// How the model calls tools.
+                protocol: ToolProtocol => one_of::<ToolProtocol>(),
+                /// A file of instructions sent before the prompt.
+                system_prompt: String => "a string (a file, relative to the manifest's folder)",
+                /// The check the output must pass.
+                check: CheckValue => CHECK_EXPECTED,
+                /// Failed checks answered with a repair round.
+                check_rounds: u32 => "a non-negative integer (repair rounds after a failed check, e.g. 3)",
+            }
+        }
+    };
+}
+
+const TEMPERATURE_EXPECTED: &str = "a number from 0 to 2 (e.g. 0.0)";
+const CHECK_EXPECTED: &str = "\"rustc\", \"none\", or a command as an array of strings (e.g. [\"cargo\", \"check\"])";
+
+with_shared_keys! {
+    /// `[package.metadata.promptgen]` and `[workspace.metadata.promptgen]` (where `steps` is an
+    /// error).
+    #[serde(expecting = "a table")]
+    struct ChainTable {
+        /// Which backend every step uses.
+        backend: BackendKind => one_of::<BackendKind>(),
+        /// The server's URL.
+        base_url: String => "a string, non-empty (the server's URL)",
+        /// Ollama's context window.
+        num_ctx: NonZeroU32 => "a positive integer number of tokens (e.g. 16384)",
+        /// The most tokens one reply may have.
+        max_output_tokens: NonZeroU32 => "a positive integer number of tokens per model reply (e.g. 4096)",
+        /// Time allowed for one model request.
+        request_timeout_secs: NonZeroU64 => "a positive number of seconds (e.g. 600)",
+        /// The chain's steps.
+        steps: Vec<Spanned<StepTable>> => "an array of tables (`[[package.metadata.promptgen.steps]]`)",
+    }
+}
+
+with_shared_keys! {
+    /// One `[[package.metadata.promptgen.steps]]` table.
+    #[serde(expecting = "a table (`[[package.metadata.promptgen.steps]]`)")]
+    struct StepTable {
+        /// The step's unique id.
+        id: String => "a string of ASCII letters, digits, `_` and `-` only, non-empty (e.g. \"01\" or \"view\")",
+        /// The prompt file.
+        prompt: String => "a string (a file, relative to the package folder)",
+        /// Files the step must write.
+        outputs: Vec<Spanned<String>> => "an array of relative paths, e.g. [\"view.rs\"]",
+        /// Files and folders the model may read.
+        inputs: Vec<Spanned<String>> => "an array of files or folders, e.g. [\"src/domain.rs\"]",
+        /// Canned turns for the `scripted` backend.
+        script: String => "a string (a file, relative to the package folder)",
+    }
+}
+
+/// `check` as written: a word or a command.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "\"rustc\", \"none\", or a command as an array of strings")]
+enum CheckValue {
+    Word(String),
+    Command(Vec<String>),
+}
+
+/// The parts of a package manifest `load` reads.
+#[derive(Deserialize)]
+struct Manifest {
+    package: Option<Spanned<PackageTable>>,
+    /// Set when the package is its own workspace root.
+    workspace: Option<Spanned<WorkspaceTable>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct PackageTable {
+    name: Option<Spanned<String>>,
+    edition: Option<Spanned<Edition>>,
+    /// The path of the workspace root, when the package names it.
+    workspace: Option<Spanned<String>>,
+    metadata: Option<Metadata>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a string such as \"2021\", or `{ workspace = true }`")]
+enum Edition {
+    Named(String),
+    Inherited { workspace: bool },
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct Metadata {
+    promptgen: Option<Spanned<ChainTable>>,
+}
+
+/// The parts of a `[workspace]` table `load` reads.
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct WorkspaceTable {
+    package: Option<WorkspacePackage>,
+    metadata: Option<Metadata>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct WorkspacePackage {
+    edition: Option<String>,
+}
+
+/// The workspace root's manifest, when it is not the package's.
+#[derive(Deserialize)]
+struct RootManifest {
+    workspace: Option<Spanned<WorkspaceTable>>,
+}
+
+/// What the search for the workspace root reads of the manifests it meets on its way.
+#[derive(Deserialize)]
+struct Probe {
+    package: Option<ProbePackage>,
+    workspace: Option<ProbeWorkspace>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct ProbePackage {
+    workspace: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a table")]
+struct ProbeWorkspace {
+    #[serde(default)]
+    members: Vec<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+}
+
+/// `one of "a", "b", "c"`: the names `T`'s own `Deserialize` accepts.
+fn one_of<T: DeserializeOwned>() -> String {
+    let names: Vec<String> = variants::<T>().iter().map(|v| format!("\"{v}\"")).collect();
+    format!("one of {}", names.join(", "))
+}
+
+/// The variant names of the enum `T`, as its derived `Deserialize` lists them when it refuses
+/// a name.
+fn variants<T: DeserializeOwned>() -> &'static [&'static str] {
+    match parse_word::<T>("") {
+        Err(Refused { variants }) => variants,
+        Ok(_) => &[],
+    }
+}
+
+/// `word` read by `T`'s own `Deserialize` (a unit-variant enum such as [`BackendKind`]).
+fn parse_word<T: DeserializeOwned>(word: &str) -> Result<T, Refused> {
+    T::deserialize(serde::de::value::StrDeserializer::<Refused>::new(word))
+}
+
+/// Why [`parse_word`] failed: the names that would have been accepted.
+#[derive(Debug)]
+struct Refused {
+    variants: &'static [&'static str],
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "expected one of {:?}", self.variants)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl serde::de::Error for Refused {
+    fn custom<T: fmt::Display>(_: T) -> Refused {
+        Refused { variants: &[] }
+    }
+
+    fn unknown_variant(_: &str, expected: &'static [&'static str]) -> Refused {
+        Refused { variants: expected }
+    }
+}
+
+// ---- What `load` returns ------------------------------------------------------------------------
 
 /// Values given on the command line; they beat every other layer. Empty strings count as unset.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -140,6 +344,10 @@ pub struct Overrides {
     pub model: Option<String>,
     /// `--base-url`: the server's URL.
     pub base_url: Option<String>,
+    /// The workspace root, when the caller knows it better than a search of the folders (the
+    /// `cargo promptgen` binary passes the one `cargo metadata` reports). `None`: found by
+    /// cargo's rule.
+    pub workspace_root: Option<PathBuf>,
 }
 
 /// Where a resolved value came from.
@@ -192,7 +400,8 @@ pub struct Chain {
     pub package_dir: PathBuf,
     /// The package's `Cargo.toml` (absolute).
     pub manifest_path: PathBuf,
-    /// The folder of the nearest manifest with a `[workspace]` table, if any.
+    /// The root folder of the workspace the package belongs to (found by cargo's rule, or as
+    /// [`Overrides::workspace_root`] says); `None` when it belongs to none.
     pub workspace_root: Option<PathBuf>,
     /// Which backend every step uses.
     pub backend: BackendKind,
@@ -277,7 +486,7 @@ pub struct StepConfig {
     /// Sampling temperature, from 0 to 2.
     pub temperature: Option<f64>,
     /// Model calls the step may make, at least 1.
-    pub max_steps: u32,
+    pub max_model_calls: u32,
     /// How the model calls tools.
     pub protocol: ToolProtocol,
     /// Files the step must write: relative forward-slash paths, normalised (no `.` or empty
@@ -343,8 +552,25 @@ pub struct Input {
     pub is_dir: bool,
 }
 
+/// A place in a manifest: line and column, both counted from 1 (columns in characters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// The line.
+    pub line: u32,
+    /// The column.
+    pub column: u32,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
 /// A mistake in the declaration, the command line or the environment. Each names the file
-/// and the key (a dotted path, step indices counted from 0) and says what is expected.
+/// with the line and column at fault (except for what is not in a file: an unreadable
+/// manifest, a variable, a flag), the key (a dotted path, step indices counted from 0), and
+/// says what is expected.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -358,34 +584,42 @@ pub enum ConfigError {
         source: io::Error,
     },
     /// The manifest is not valid TOML.
-    #[error("`{}` is not valid TOML: {message}", file.display())]
+    #[error("`{}:{at}` is not valid TOML: {message}", file.display())]
     Parse {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The TOML parser's message, with line and column.
         message: String,
     },
     /// The manifest has no `[package]` with a `name`.
-    #[error("`{}`: `{key}` is missing: this is not a package manifest. Point at the `Cargo.toml` of the package that declares `[package.metadata.promptgen]`.", file.display())]
+    #[error("`{}:{at}`: `{key}` is missing: this is not a package manifest. Point at the `Cargo.toml` of the package that declares `[package.metadata.promptgen]`.", file.display())]
     NoPackage {
         /// The manifest.
         file: PathBuf,
+        /// Where (the `[package]` table, or the start of the file).
+        at: Location,
         /// `package.name`.
         key: String,
     },
     /// The package declares no chain.
-    #[error("`{}` has no `[{key}]` table, so it declares no prompt chain. Declare one:\n\n[package.metadata.promptgen]\nmodel = \"qwen2.5-coder:7b\"\n\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"prompts/01.md\"\noutputs = [\"generated.rs\"]", file.display())]
+    #[error("`{}:{at}` has no `[{key}]` table, so it declares no prompt chain. Declare one:\n\n[package.metadata.promptgen]\nmodel = \"qwen2.5-coder:7b\"\n\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"prompts/01.md\"\noutputs = [\"generated.rs\"]", file.display())]
     NoChain {
         /// The manifest.
         file: PathBuf,
+        /// Where (the `[package]` table).
+        at: Location,
         /// `package.metadata.promptgen`.
         key: String,
     },
     /// A key that means nothing here (often a typo).
-    #[error("`{}`: unknown key `{key}`{hint} Known keys here: {known}.", file.display())]
+    #[error("`{}:{at}`: unknown key `{key}`{hint} Known keys here: {known}.", file.display())]
     UnknownKey {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The full key.
         key: String,
         /// ``; did you mean `x`?``, another hint ending in its punctuation, or `.`.
@@ -394,10 +628,12 @@ pub enum ConfigError {
         known: String,
     },
     /// A value of the wrong TOML type.
-    #[error("`{}`: `{key}` must be {expected}, found {found}.", file.display())]
+    #[error("`{}:{at}`: `{key}` must be {expected}, found {found}.", file.display())]
     WrongType {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The full key.
         key: String,
         /// What is expected.
@@ -406,10 +642,12 @@ pub enum ConfigError {
         found: String,
     },
     /// A value of the right type that is not allowed.
-    #[error("`{}`: `{key}` = {value} is not allowed: expected {expected}.", file.display())]
+    #[error("`{}:{at}`: `{key}` = {value} is not allowed: expected {expected}.", file.display())]
     InvalidValue {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The full key.
         key: String,
         /// The value as found.
@@ -417,21 +655,37 @@ pub enum ConfigError {
         /// What is expected.
         expected: String,
     },
+    /// A key is set under its name and under its old name in one table.
+    #[error("`{}:{at}`: `{key}` and `{old}` are both set, but they are one setting (`{old}` is its old name); keep one.", file.display())]
+    SetTwice {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the second of the two).
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The full key under its old name.
+        old: String,
+    },
     /// A required key is missing (or `steps` is empty).
-    #[error("`{}`: `{key}` is missing: {hint}", file.display())]
+    #[error("`{}:{at}`: `{key}` is missing: {hint}", file.display())]
     Missing {
         /// The manifest.
         file: PathBuf,
+        /// Where (the table that lacks it).
+        at: Location,
         /// The full key.
         key: String,
         /// What to add.
         hint: String,
     },
     /// Two steps have the same id.
-    #[error("`{}`: `{key}`: step id `{id}` is already used by `{first_key}`; step ids must be unique.", file.display())]
+    #[error("`{}:{at}`: `{key}`: step id `{id}` is already used by `{first_key}`; step ids must be unique.", file.display())]
     DuplicateId {
         /// The manifest.
         file: PathBuf,
+        /// Where (the second use).
+        at: Location,
         /// The key of the second use.
         key: String,
         /// The id.
@@ -440,10 +694,12 @@ pub enum ConfigError {
         first_key: String,
     },
     /// A file the declaration names does not exist.
-    #[error("`{}`: `{key}`: the {what}, `{}`, does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
+    #[error("`{}:{at}`: `{key}`: the {what}, `{}`, does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
     FileNotFound {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The full key.
         key: String,
         /// The path it resolved to.
@@ -453,11 +709,48 @@ pub enum ConfigError {
         /// What the file is for (``prompt of step `01` ``).
         what: String,
     },
+    /// A file or folder the declaration names cannot be looked at, for another reason than
+    /// not existing (permission denied, a path through a file, ...).
+    #[error("`{}:{at}`: `{key}`: cannot use the {what}, `{}`: {source}", file.display(), path.display())]
+    Unreadable {
+        /// The manifest.
+        file: PathBuf,
+        /// Where.
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The path it resolved to.
+        path: PathBuf,
+        /// What the file or folder is for.
+        what: String,
+        /// The operating system's reason.
+        #[source]
+        source: io::Error,
+    },
+    /// A symbolic link in an input folder leads outside the package, to nothing, or to a
+    /// folder that holds it.
+    #[error("`{}:{at}`: `{key}`: the symbolic link `{}` leads to `{}`, {reason}.", file.display(), link.display(), target.display())]
+    InputLink {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the input that holds the link).
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The link.
+        link: PathBuf,
+        /// Where it leads.
+        target: PathBuf,
+        /// Why it is not followed, and what to do instead.
+        reason: String,
+    },
     /// A path that must be a file is something else (a folder).
-    #[error("`{}`: `{key}` = {value:?}: `{}` is a folder, but the {what} must be a file.", file.display(), path.display())]
+    #[error("`{}:{at}`: `{key}` = {value:?}: `{}` is a folder, but the {what} must be a file.", file.display(), path.display())]
     NotAFile {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The full key.
         key: String,
         /// The path as written.
@@ -468,10 +761,12 @@ pub enum ConfigError {
         what: String,
     },
     /// An output or input path breaks the rules for paths the model sees.
-    #[error("`{}`: `{key}` = {value:?} {reason}.", file.display())]
+    #[error("`{}:{at}`: `{key}` = {value:?} {reason}.", file.display())]
     BadPath {
         /// The manifest.
         file: PathBuf,
+        /// Where.
+        at: Location,
         /// The full key.
         key: String,
         /// The path as written.
@@ -480,20 +775,24 @@ pub enum ConfigError {
         reason: String,
     },
     /// No layer names a model for some steps.
-    #[error("`{}`: `{key}` is missing and {} no `model` of {}: set `model` in `[package.metadata.promptgen]` (e.g. model = \"qwen2.5-coder:7b\"), in each step, in `[workspace.metadata.promptgen]`, or with PROMPTGEN_MODEL or --model.", file.display(), steps_without_model(steps), if steps.len() == 1 { "its own" } else { "their own" })]
+    #[error("`{}:{at}`: `{key}` is missing and {} no `model` of {}: set `model` in `[package.metadata.promptgen]` (e.g. model = \"qwen2.5-coder:7b\"), in each step, in `[workspace.metadata.promptgen]`, or with PROMPTGEN_MODEL or --model.", file.display(), steps_without_model(steps), if steps.len() == 1 { "its own" } else { "their own" })]
     MissingModel {
         /// The package manifest.
         file: PathBuf,
+        /// Where (the chain's table).
+        at: Location,
         /// `package.metadata.promptgen.model`.
         key: String,
         /// The ids of the steps without a model.
         steps: Vec<String>,
     },
     /// The `scripted` backend is chosen and a step has no script.
-    #[error("`{}`: `{key}` is missing: step `{step}` needs a script because the {backend} replays canned turns from a file. Set `script = \"scripts/{step}.toml\"` in the step, or choose another backend.", file.display())]
+    #[error("`{}:{at}`: `{key}` is missing: step `{step}` needs a script because the {backend} replays canned turns from a file. Set `script = \"scripts/{step}.toml\"` in the step, or choose another backend.", file.display())]
     MissingScript {
         /// The package manifest.
         file: PathBuf,
+        /// Where (the step's table).
+        at: Location,
         /// `package.metadata.promptgen.steps[i].script`.
         key: String,
         /// The step's id.
@@ -545,9 +844,12 @@ impl ConfigError {
             | ConfigError::UnknownKey { file, .. }
             | ConfigError::WrongType { file, .. }
             | ConfigError::InvalidValue { file, .. }
+            | ConfigError::SetTwice { file, .. }
             | ConfigError::Missing { file, .. }
             | ConfigError::DuplicateId { file, .. }
             | ConfigError::FileNotFound { file, .. }
+            | ConfigError::Unreadable { file, .. }
+            | ConfigError::InputLink { file, .. }
             | ConfigError::NotAFile { file, .. }
             | ConfigError::BadPath { file, .. }
             | ConfigError::MissingModel { file, .. }
@@ -567,9 +869,12 @@ impl ConfigError {
             | ConfigError::UnknownKey { key, .. }
             | ConfigError::WrongType { key, .. }
             | ConfigError::InvalidValue { key, .. }
+            | ConfigError::SetTwice { key, .. }
             | ConfigError::Missing { key, .. }
             | ConfigError::DuplicateId { key, .. }
             | ConfigError::FileNotFound { key, .. }
+            | ConfigError::Unreadable { key, .. }
+            | ConfigError::InputLink { key, .. }
             | ConfigError::NotAFile { key, .. }
             | ConfigError::BadPath { key, .. }
             | ConfigError::MissingModel { key, .. }
@@ -578,369 +883,38 @@ impl ConfigError {
             | ConfigError::Flag { key, .. } => Some(key),
         }
     }
-}
 
-/// Loads with `std::env::var` as the environment.
-pub fn load_from_env(manifest_path: &Path, overrides: &Overrides) -> Result<Chain, ConfigError> {
-    load(manifest_path, overrides, &|name| std::env::var(name).ok())
-}
-
-/// Reads the package manifest at `manifest_path` (a `Cargo.toml`, or the folder holding one)
-/// and the workspace's, applies `overrides` and the variables of [`ENV_VARS`] as `env`
-/// returns them, and checks the result.
-pub fn load(
-    manifest_path: &Path,
-    overrides: &Overrides,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Chain, ConfigError> {
-    let mut manifest_path = absolute(manifest_path);
-    if manifest_path.is_dir() {
-        manifest_path.push("Cargo.toml");
-    }
-    let file = manifest_path.as_path();
-    let doc = read_manifest(file)?;
-    let package_dir = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-
-    let package_name = match doc.get("package") {
-        Some(Value::Table(package)) => match package.get("name") {
-            Some(Value::String(name)) => name.clone(),
-            Some(other) => return Err(wrong_type(file, "package.name", "a string", other)),
-            None => return Err(ConfigError::NoPackage { file: file.into(), key: "package.name".into() }),
-        },
-        Some(other) => return Err(wrong_type(file, "package", "a table", other)),
-        None => return Err(ConfigError::NoPackage { file: file.into(), key: "package.name".into() }),
-    };
-
-    let no_chain = || ConfigError::NoChain { file: file.into(), key: PACKAGE_PREFIX.into() };
-    let meta = match doc.get("package").and_then(|p| p.get("metadata")) {
-        None => return Err(no_chain()),
-        Some(Value::Table(metadata)) => match metadata.get("promptgen") {
-            None => return Err(no_chain()),
-            Some(Value::Table(table)) => table,
-            Some(other) => return Err(wrong_type(file, PACKAGE_PREFIX, "a table", other)),
-        },
-        Some(other) => return Err(wrong_type(file, "package.metadata", "a table", other)),
-    };
-
-    let package_layer = Layer::parse(meta, file, PACKAGE_PREFIX, CHAIN_KEYS, &package_dir, Level::Package)?;
-    let raw_steps = parse_steps(meta, file, &package_dir)?;
-
-    let workspace = find_workspace(&doc, file, &package_dir)?;
-    let workspace_root = workspace.as_ref().map(|(root, _, _)| root.clone());
-    let workspace_layer = match &workspace {
-        Some((root, ws_file, ws_doc)) => {
-            let ws_doc = ws_doc.as_ref().unwrap_or(&doc);
-            match ws_doc.get("workspace").and_then(|w| w.get("metadata")) {
-                None => None,
-                Some(Value::Table(metadata)) => match metadata.get("promptgen") {
-                    None => None,
-                    Some(Value::Table(table)) => {
-                        Some(Layer::parse(table, ws_file, WORKSPACE_PREFIX, WORKSPACE_KEYS, root, Level::Workspace)?)
-                    }
-                    Some(other) => return Err(wrong_type(ws_file, WORKSPACE_PREFIX, "a table", other)),
-                },
-                Some(other) => return Err(wrong_type(ws_file, "workspace.metadata", "a table", other)),
-            }
+    /// Where in [`ConfigError::file`] the mistake is; `None` for what is not in the file (an
+    /// unreadable manifest, a variable, a flag).
+    pub fn location(&self) -> Option<Location> {
+        match self {
+            ConfigError::Read { .. } | ConfigError::Env { .. } | ConfigError::Flag { .. } => None,
+            ConfigError::Parse { at, .. }
+            | ConfigError::NoPackage { at, .. }
+            | ConfigError::NoChain { at, .. }
+            | ConfigError::UnknownKey { at, .. }
+            | ConfigError::WrongType { at, .. }
+            | ConfigError::InvalidValue { at, .. }
+            | ConfigError::SetTwice { at, .. }
+            | ConfigError::Missing { at, .. }
+            | ConfigError::DuplicateId { at, .. }
+            | ConfigError::FileNotFound { at, .. }
+            | ConfigError::Unreadable { at, .. }
+            | ConfigError::InputLink { at, .. }
+            | ConfigError::NotAFile { at, .. }
+            | ConfigError::BadPath { at, .. }
+            | ConfigError::MissingModel { at, .. }
+            | ConfigError::MissingScript { at, .. } => Some(*at),
         }
-        None => None,
-    };
-    let layers: Vec<&Layer> = std::iter::once(&package_layer).chain(workspace_layer.as_ref()).collect();
-    // The first layer that sets a chain-level value, with its origin.
-    fn pick<T: Clone>(layers: &[&Layer], get: impl Fn(&Layer) -> Option<T>) -> Option<(T, Origin)> {
-        layers.iter().find_map(|layer| get(layer).map(|v| (v, layer.origin)))
-    }
-
-    let flag = |value: &Option<String>| value.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_string);
-    let var = |name: &'static str| env(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-
-    // Backend.
-    let (backend, backend_origin) = if let Some(value) = flag(&overrides.backend) {
-        let kind = value.parse::<BackendKind>().map_err(|_| ConfigError::Flag {
-            file: file.into(),
-            key: "--backend".into(),
-            value: value.clone(),
-            expected: BACKENDS_EXPECTED.into(),
-        })?;
-        (kind, Origin::Flag)
-    } else if let Some(value) = var("PROMPTGEN_BACKEND") {
-        let kind = value.parse::<BackendKind>().map_err(|_| ConfigError::Env {
-            file: file.into(),
-            key: "PROMPTGEN_BACKEND".into(),
-            value: value.clone(),
-            expected: BACKENDS_EXPECTED.into(),
-        })?;
-        (kind, Origin::Env("PROMPTGEN_BACKEND"))
-    } else {
-        pick(&layers, |l| l.backend).unwrap_or((BackendKind::Ollama, Origin::Default))
-    };
-
-    // Base URL and key.
-    let backend_var = match backend {
-        BackendKind::Ollama => Some("OLLAMA_HOST"),
-        BackendKind::OpenAi => Some("OPENAI_BASE_URL"),
-        BackendKind::Scripted => None,
-    };
-    let (base_url, base_url_origin) = if let Some(value) = flag(&overrides.base_url) {
-        (Some(value), Origin::Flag)
-    } else if let Some(value) = var("PROMPTGEN_BASE_URL") {
-        (Some(value), Origin::Env("PROMPTGEN_BASE_URL"))
-    } else if let Some((name, value)) = backend_var.and_then(|name| var(name).map(|v| (name, v))) {
-        let value = if backend == BackendKind::Ollama { parse_host(&value) } else { value };
-        (Some(value), Origin::Env(name))
-    } else {
-        match pick(&layers, |l| l.base_url.clone()) {
-            Some((url, origin)) => (Some(url), origin),
-            None => (None, Origin::Default),
-        }
-    };
-    let api_key = if backend == BackendKind::OpenAi { var("OPENAI_API_KEY") } else { None };
-
-    let num_ctx = pick(&layers, |l| l.num_ctx).map_or(BackendConfig::DEFAULT_NUM_CTX, |(v, _)| v);
-    let max_output_tokens =
-        pick(&layers, |l| l.max_output_tokens).map_or(BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS, |(v, _)| v);
-    let request_timeout = pick(&layers, |l| l.request_timeout_secs)
-        .map_or(HttpConfig::default().request_timeout, |(secs, _)| Duration::from_secs(secs));
-
-    let model_override = flag(&overrides.model)
-        .map(|m| (m, Origin::Flag))
-        .or_else(|| var("PROMPTGEN_MODEL").map(|m| (m, Origin::Env("PROMPTGEN_MODEL"))));
-    let chain_model = pick(&layers, |l| l.model.clone());
-
-    let mut steps = Vec::with_capacity(raw_steps.len());
-    let mut without_model = Vec::new();
-    for raw in raw_steps {
-        let model = model_override
-            .clone()
-            .or_else(|| raw.model.clone().map(|m| (m, Origin::Step)))
-            .or_else(|| chain_model.clone());
-        let Some((model, model_origin)) = model else {
-            without_model.push(raw.id.clone());
-            continue;
-        };
-        if backend == BackendKind::Scripted && raw.script.is_none() {
-            return Err(ConfigError::MissingScript {
-                file: file.into(),
-                key: format!("{}.script", raw.key),
-                step: raw.id.clone(),
-                backend: format!("backend `scripted` {}", from_phrase(backend_origin, &raw.id)),
-            });
-        }
-        steps.push(StepConfig {
-            system_prompt: raw
-                .system_prompt
-                .clone()
-                .or_else(|| pick(&layers, |l| l.system_prompt.clone()).map(|(p, _)| p)),
-            seed: raw.seed.or_else(|| pick(&layers, |l| l.seed).map(|(v, _)| v)),
-            temperature: raw.temperature.or_else(|| pick(&layers, |l| l.temperature).map(|(v, _)| v)),
-            max_steps: raw
-                .max_steps
-                .or_else(|| pick(&layers, |l| l.max_steps).map(|(v, _)| v))
-                .unwrap_or(codegen_core::Step::DEFAULT_MAX_STEPS),
-            protocol: raw.protocol.or_else(|| pick(&layers, |l| l.protocol).map(|(v, _)| v)).unwrap_or_default(),
-            check: raw.check.clone().or_else(|| pick(&layers, |l| l.check.clone()).map(|(v, _)| v)).unwrap_or_else(|| {
-                if raw.outputs.iter().any(|o| o.ends_with(".rs")) { CheckSpec::Rustc } else { CheckSpec::None }
-            }),
-            check_rounds: raw
-                .check_rounds
-                .or_else(|| pick(&layers, |l| l.check_rounds).map(|(v, _)| v))
-                .unwrap_or(codegen_core::Step::DEFAULT_CHECK_ROUNDS),
-            id: raw.id,
-            prompt: raw.prompt,
-            prompt_display: raw.prompt_display,
-            model,
-            model_origin,
-            outputs: raw.outputs,
-            inputs: raw.inputs,
-            script: raw.script,
-        });
-    }
-    if !without_model.is_empty() {
-        return Err(ConfigError::MissingModel {
-            file: file.into(),
-            key: format!("{PACKAGE_PREFIX}.model"),
-            steps: without_model,
-        });
-    }
-    steps.sort_by(|a, b| a.id.cmp(&b.id));
-    let edition = package_edition(&doc, workspace.as_ref().map(|(_, f, d)| (f.as_path(), d.as_ref().unwrap_or(&doc))), file)?;
-
-    Ok(Chain {
-        package_name,
-        package_dir,
-        manifest_path: manifest_path.clone(),
-        workspace_root,
-        backend,
-        backend_origin,
-        base_url,
-        base_url_origin,
-        api_key,
-        num_ctx,
-        max_output_tokens,
-        request_timeout,
-        edition,
-        steps,
-    })
-}
-
-/// The chain-level values of one manifest table.
-struct Layer {
-    origin: Origin,
-    backend: Option<BackendKind>,
-    model: Option<String>,
-    base_url: Option<String>,
-    seed: Option<u64>,
-    temperature: Option<f64>,
-    max_steps: Option<u32>,
-    protocol: Option<ToolProtocol>,
-    system_prompt: Option<PathBuf>,
-    num_ctx: Option<u32>,
-    max_output_tokens: Option<u32>,
-    request_timeout_secs: Option<u64>,
-    check: Option<CheckSpec>,
-    check_rounds: Option<u32>,
-}
-
-impl Layer {
-    fn parse(
-        table: &Table,
-        file: &Path,
-        prefix: &str,
-        known: &'static [&'static str],
-        base: &Path,
-        level: Level,
-    ) -> Result<Layer, ConfigError> {
-        check_keys(table, file, prefix, known, level)?;
-        let r = Reader { table, file, prefix };
-        let system_prompt = r.file_path("system_prompt", base, "system prompt")?;
-        Ok(Layer {
-            origin: if level == Level::Workspace { Origin::Workspace } else { Origin::Package },
-            backend: r.backend()?,
-            model: r.non_empty_string("model")?,
-            base_url: r.non_empty_string("base_url")?,
-            seed: r.seed()?,
-            temperature: r.temperature()?,
-            max_steps: r.max_steps()?,
-            protocol: r.protocol()?,
-            system_prompt,
-            num_ctx: r.positive_u32("num_ctx", "a positive integer number of tokens (e.g. 16384)")?,
-            max_output_tokens: r
-                .positive_u32("max_output_tokens", "a positive integer number of tokens per model reply (e.g. 4096)")?,
-            request_timeout_secs: r.positive_u64("request_timeout_secs", "a positive number of seconds (e.g. 600)")?,
-            check: r.check()?,
-            check_rounds: r.check_rounds()?,
-        })
     }
 }
 
-/// A step as declared, its own values only.
-struct RawStep {
-    /// `package.metadata.promptgen.steps[i]`.
-    key: String,
-    id: String,
-    prompt: PathBuf,
-    prompt_display: String,
-    outputs: Vec<String>,
-    inputs: Vec<Input>,
-    script: Option<PathBuf>,
-    model: Option<String>,
-    seed: Option<u64>,
-    temperature: Option<f64>,
-    max_steps: Option<u32>,
-    protocol: Option<ToolProtocol>,
-    system_prompt: Option<PathBuf>,
-    check: Option<CheckSpec>,
-    check_rounds: Option<u32>,
-}
+// ---- A manifest's text: reading it, and pointing into it ---------------------------------------
 
-fn parse_steps(meta: &Table, file: &Path, package_dir: &Path) -> Result<Vec<RawStep>, ConfigError> {
-    let key = format!("{PACKAGE_PREFIX}.steps");
-    let empty_hint = "a chain needs at least one step: add a `[[package.metadata.promptgen.steps]]` table with \
-                      `id = \"01\"` and `prompt = \"prompts/01.md\"`"
-        .to_string();
-    let array = match meta.get("steps") {
-        None => return Err(ConfigError::Missing { file: file.into(), key, hint: empty_hint }),
-        Some(Value::Array(array)) => array,
-        Some(other) => {
-            return Err(wrong_type(file, &key, "an array of tables (`[[package.metadata.promptgen.steps]]`)", other));
-        }
-    };
-    if array.is_empty() {
-        return Err(ConfigError::Missing { file: file.into(), key, hint: empty_hint });
-    }
-    let mut steps = Vec::with_capacity(array.len());
-    let mut seen: BTreeMap<String, String> = BTreeMap::new();
-    for (index, value) in array.iter().enumerate() {
-        let step_key = format!("{key}[{index}]");
-        let Value::Table(table) = value else {
-            return Err(wrong_type(file, &step_key, "a table (`[[package.metadata.promptgen.steps]]`)", value));
-        };
-        check_keys(table, file, &step_key, STEP_KEYS, Level::Step)?;
-        let r = Reader { table, file, prefix: &step_key };
-
-        let id = match r.string("id")? {
-            None => {
-                return Err(ConfigError::Missing {
-                    file: file.into(),
-                    key: r.key("id"),
-                    hint: "every step needs a unique `id` of letters, digits, `_` and `-`, e.g. `id = \"01\"`".into(),
-                });
-            }
-            Some(id) => id,
-        };
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-            return Err(ConfigError::InvalidValue {
-                file: file.into(),
-                key: r.key("id"),
-                value: format!("{id:?}"),
-                expected: "a non-empty id of ASCII letters, digits, `_` and `-` only, e.g. \"01\" or \"view\"".into(),
-            });
-        }
-        if let Some(first_key) = seen.get(&id) {
-            return Err(ConfigError::DuplicateId {
-                file: file.into(),
-                key: r.key("id"),
-                id,
-                first_key: first_key.clone(),
-            });
-        }
-        seen.insert(id.clone(), r.key("id"));
-
-        let what = |thing: &str| format!("{thing} of step `{id}`");
-        let Some(prompt_display) = r.string("prompt")? else {
-            return Err(ConfigError::Missing {
-                file: file.into(),
-                key: r.key("prompt"),
-                hint: format!(
-                    "step `{id}` needs `prompt`, a file relative to the package folder `{}`, e.g. `prompt = \"prompts/{id}.md\"`",
-                    package_dir.display()
-                ),
-            });
-        };
-        let prompt = r.existing_file("prompt", &prompt_display, package_dir, &what("prompt"))?;
-        let system_prompt = r.file_path("system_prompt", package_dir, &what("system prompt"))?;
-        let script = r.file_path("script", package_dir, &what("script"))?;
-        let outputs = r.outputs()?;
-        let inputs = r.inputs(package_dir, &id)?;
-
-        steps.push(RawStep {
-            model: r.non_empty_string("model")?,
-            seed: r.seed()?,
-            temperature: r.temperature()?,
-            max_steps: r.max_steps()?,
-            protocol: r.protocol()?,
-            check: r.check()?,
-            check_rounds: r.check_rounds()?,
-            key: step_key.clone(),
-            id,
-            prompt,
-            prompt_display,
-            outputs,
-            inputs,
-            script,
-            system_prompt,
-        });
-    }
-    Ok(steps)
+/// A manifest and its text, so that errors can say where.
+struct Source {
+    file: PathBuf,
+    text: String,
 }
 
 /// Where a table sits, for the hints of unknown keys.
@@ -951,48 +925,173 @@ enum Level {
     Step,
 }
 
-fn check_keys(
-    table: &Table,
-    file: &Path,
-    prefix: &str,
-    known: &'static [&'static str],
-    level: Level,
-) -> Result<(), ConfigError> {
-    for name in table.keys() {
-        if known.contains(&name.as_str()) {
-            continue;
-        }
-        let step_only = ["id", "prompt", "outputs", "inputs", "script"];
-        let chain_only = ["backend", "base_url", "num_ctx", "max_output_tokens", "request_timeout_secs", "steps"];
-        let hint = if name == "api_key" {
-            "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment.".to_string()
-        } else if level != Level::Step && step_only.contains(&name.as_str()) {
-            format!("; `{name}` belongs to a step: put it under `[[package.metadata.promptgen.steps]]`.")
-        } else if level == Level::Step && chain_only.contains(&name.as_str()) {
-            format!("; `{name}` applies to the whole chain: set it in `[package.metadata.promptgen]`.")
-        } else if level == Level::Workspace && name == "steps" {
-            "; steps are declared by each package, in `[[package.metadata.promptgen.steps]]`.".to_string()
-        } else {
-            match closest(name, known) {
-                Some(candidate) => format!("; did you mean `{candidate}`?"),
-                None => ".".to_string(),
-            }
-        };
-        return Err(ConfigError::UnknownKey {
-            file: file.into(),
-            key: format!("{prefix}.{name}"),
-            hint,
-            known: known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
-        });
+impl Source {
+    fn read(file: &Path) -> Result<Source, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.into(), source })?;
+        Ok(Source { file: file.into(), text })
     }
-    Ok(())
+
+    /// The line and column of the byte `offset`.
+    fn at(&self, offset: usize) -> Location {
+        let before = self.text.get(..offset.min(self.text.len())).unwrap_or(&self.text);
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1);
+        Location { line: count(before.matches('\n').count()), column: count(before[line_start..].chars().count()) }
+    }
+
+    fn at_span<T>(&self, value: &Spanned<T>) -> Location {
+        self.at(value.span().start)
+    }
+
+    /// The document as `T`, reporting the first key nobody declared under one of `watched`
+    /// (dotted prefixes such as `package.metadata.promptgen`) as [`ConfigError::UnknownKey`].
+    fn parse<T: DeserializeOwned>(&self, watched: &[&str]) -> Result<T, ConfigError> {
+        let deserializer = toml::de::Deserializer::parse(&self.text).map_err(|e| self.syntax(&e))?;
+        let mut unknown = Vec::new();
+        let result = serde_ignored::deserialize(deserializer, |path| {
+            let key = dotted(&path);
+            if watched.iter().any(|prefix| key.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('.'))) {
+                unknown.push(key);
+            }
+        });
+        // A misspelt key explains more than what follows from it.
+        if let Some(key) = unknown.first() {
+            return Err(self.unknown_key(key));
+        }
+        result.map_err(|e| self.mistake(&e))
+    }
+
+    /// A TOML syntax error.
+    fn syntax(&self, error: &toml::de::Error) -> ConfigError {
+        ConfigError::Parse {
+            file: self.file.clone(),
+            at: self.at(error.span().map_or(0, |s| s.start)),
+            message: error.to_string().trim_end().to_string(),
+        }
+    }
+
+    fn unknown_key(&self, key: &str) -> ConfigError {
+        let (table, name) = key.rsplit_once('.').unwrap_or(("", key));
+        let level = if table.contains(".steps[") {
+            Level::Step
+        } else if table.starts_with("workspace.") {
+            Level::Workspace
+        } else {
+            Level::Package
+        };
+        let span = Doc::parse(&self.text).and_then(|doc| doc.key_span(key)).unwrap_or(0..0);
+        unknown_key_error(&self.file, self.at(span.start), level, table, name)
+    }
+
+    /// A value serde refused, as the error that names its key and says what it must be.
+    fn mistake(&self, error: &toml::de::Error) -> ConfigError {
+        let span = error.span().unwrap_or(0..0);
+        let at = self.at(span.start);
+        let message = error.message();
+        let Some(doc) = Doc::parse(&self.text) else { return self.syntax(error) };
+        let Some((key, value)) = doc.value_at(&span) else {
+            return ConfigError::Parse { file: self.file.clone(), at, message: message.to_string() };
+        };
+        if message.starts_with("duplicate field") {
+            // TOML refuses a key set twice, so serde sees one only when a key meets its old name.
+            let aliases = if key.contains(".steps[") { StepTable::ALIASES } else { ChainTable::ALIASES };
+            if let Some((old, new)) = aliases.iter().find(|(_, new)| message.contains(&format!("`{new}`"))) {
+                let (old, new) = (format!("{key}.{old}"), format!("{key}.{new}"));
+                let second = [&old, &new].iter().filter_map(|k| doc.key_span(k)).map(|s| s.start).max();
+                return ConfigError::SetTwice {
+                    file: self.file.clone(),
+                    at: self.at(second.unwrap_or(span.start)),
+                    key: new,
+                    old,
+                };
+            }
+        }
+        // serde's own words for what it wanted, kept when the key has no description.
+        let serde_expected = message.rsplit_once(", expected ").map(|(_, e)| e.to_string());
+        let expected = expected_of(&key).or(serde_expected).unwrap_or_else(|| message.to_string());
+        let raw = self.text.get(value.span()).unwrap_or_default().trim().to_string();
+        let wrong_value = message.starts_with("invalid value")
+            || message.starts_with("unknown variant")
+            // An untagged value (`check`) of a type it can take, with the wrong contents.
+            || (!message.starts_with("invalid type")
+                && matches!(value.get_ref(), DeValue::String(_) | DeValue::Array(_)));
+        if wrong_value {
+            ConfigError::InvalidValue { file: self.file.clone(), at, key, value: raw, expected }
+        } else {
+            ConfigError::WrongType { file: self.file.clone(), at, key, expected, found: describe(value.get_ref()) }
+        }
+    }
+}
+
+/// `package.metadata.promptgen.steps[0].promt`: a path as serde_ignored reports it, without
+/// the wrappers (`Option`, `Spanned`) it passes through.
+fn dotted(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path as P;
+    match path {
+        P::Root => String::new(),
+        P::Seq { parent, index } => format!("{}[{index}]", dotted(parent)),
+        P::Map { parent, key } if key.starts_with("$__serde_spanned_private") => dotted(parent),
+        P::Map { parent, key } => match dotted(parent) {
+            parent if parent.is_empty() => key.clone(),
+            parent => format!("{parent}.{key}"),
+        },
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => dotted(parent),
+    }
+}
+
+/// What the promptgen key at the end of the dotted path `key` must hold, if it is one.
+fn expected_of(key: &str) -> Option<String> {
+    let (table, name) = key.rsplit_once('.')?;
+    let in_promptgen = [PACKAGE_PREFIX, WORKSPACE_PREFIX].iter().any(|p| table.starts_with(p));
+    if !in_promptgen || name.ends_with(']') {
+        None
+    } else if table.contains(".steps[") {
+        StepTable::expected(name)
+    } else {
+        ChainTable::expected(name)
+    }
+}
+
+/// The error for the key `name` that nobody declared in the table `table` at `level`.
+fn unknown_key_error(file: &Path, at: Location, level: Level, table: &str, name: &str) -> ConfigError {
+    let (known, aliases) = match level {
+        Level::Step => (StepTable::KEYS, StepTable::ALIASES),
+        _ => (ChainTable::KEYS, ChainTable::ALIASES),
+    };
+    let known: Vec<&str> = known.iter().copied().filter(|k| level != Level::Workspace || *k != "steps").collect();
+    let step_only = |k: &&str| StepTable::KEYS.contains(k) && !ChainTable::KEYS.contains(k);
+    let chain_only = |k: &&str| ChainTable::KEYS.contains(k) && !StepTable::KEYS.contains(k);
+    let hint = if name == "api_key" {
+        "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment.".to_string()
+    } else if level != Level::Step && step_only(&name) {
+        format!("; `{name}` belongs to a step: put it under `[[package.metadata.promptgen.steps]]`.")
+    } else if level == Level::Step && chain_only(&name) {
+        format!("; `{name}` applies to the whole chain: set it in `[package.metadata.promptgen]`.")
+    } else if level == Level::Workspace && name == "steps" {
+        "; steps are declared by each package, in `[[package.metadata.promptgen.steps]]`.".to_string()
+    } else {
+        let candidates = known.iter().copied().chain(aliases.iter().map(|(old, _)| *old));
+        match closest(name, candidates) {
+            Some(candidate) => {
+                let new = aliases.iter().find(|(old, _)| *old == candidate).map_or(candidate, |(_, new)| *new);
+                format!("; did you mean `{new}`?")
+            }
+            None => ".".to_string(),
+        }
+    };
+    ConfigError::UnknownKey {
+        file: file.into(),
+        at,
+        key: format!("{table}.{name}"),
+        hint,
+        known: known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+    }
 }
 
 /// The known key nearest to `name`, if it is at most 2 edits away.
-fn closest(name: &str, known: &[&'static str]) -> Option<&'static str> {
+fn closest<'k>(name: &str, known: impl Iterator<Item = &'k str>) -> Option<&'k str> {
     known
-        .iter()
-        .map(|k| (edit_distance(&name.to_ascii_lowercase(), k), *k))
+        .map(|k| (edit_distance(&name.to_ascii_lowercase(), k), k))
         .filter(|(d, _)| *d <= 2)
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
@@ -1012,202 +1111,413 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// Typed access to the keys of one table, with errors naming the full key.
-struct Reader<'a> {
-    table: &'a Table,
-    file: &'a Path,
-    prefix: &'a str,
+fn describe(value: &DeValue<'_>) -> String {
+    match value {
+        DeValue::String(s) => format!("the string {s:?}"),
+        DeValue::Integer(i) => format!("the integer {}", i.as_str()),
+        DeValue::Float(f) => format!("the float {}", f.as_str()),
+        DeValue::Boolean(b) => format!("the boolean {b}"),
+        DeValue::Datetime(d) => format!("the datetime {d}"),
+        DeValue::Array(_) => "an array".into(),
+        DeValue::Table(_) => "a table".into(),
+    }
 }
 
-impl Reader<'_> {
+/// A manifest parsed with the span of every key and value, to find what an error is about
+/// (only errors need it).
+struct Doc<'t> {
+    root: Spanned<DeValue<'t>>,
+}
+
+/// A key's dotted path (`a.steps[0].b`; an array's items are `a[0]`), its span, its value.
+type Entry<'a, 't> = (String, Range<usize>, &'a Spanned<DeValue<'t>>);
+
+impl<'t> Doc<'t> {
+    fn parse(text: &'t str) -> Option<Doc<'t>> {
+        let root = DeTable::parse(text).ok()?;
+        Some(Doc { root: Spanned::new(root.span(), DeValue::Table(root.into_inner())) })
+    }
+
+    fn entries(&self) -> Vec<Entry<'_, 't>> {
+        fn walk<'a, 't>(
+            path: String,
+            key: Range<usize>,
+            value: &'a Spanned<DeValue<'t>>,
+            out: &mut Vec<Entry<'a, 't>>,
+        ) {
+            match value.get_ref() {
+                DeValue::Table(table) => {
+                    for (k, v) in table.iter() {
+                        let inner =
+                            if path.is_empty() { k.get_ref().to_string() } else { format!("{path}.{}", k.get_ref()) };
+                        walk(inner, k.span(), v, out);
+                    }
+                }
+                DeValue::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        walk(format!("{path}[{i}]"), item.span(), item, out);
+                    }
+                }
+                _ => {}
+            }
+            out.push((path, key, value));
+        }
+        let mut out = Vec::new();
+        walk(String::new(), 0..0, &self.root, &mut out);
+        out
+    }
+
+    /// The span of the key at the dotted path `key`.
+    fn key_span(&self, key: &str) -> Option<Range<usize>> {
+        self.entries().into_iter().find(|(path, _, _)| path == key).map(|(_, span, _)| span)
+    }
+
+    /// The dotted path and the value of the smallest value whose span holds `span`.
+    fn value_at(&self, span: &Range<usize>) -> Option<(String, &Spanned<DeValue<'t>>)> {
+        let holds = |s: &Range<usize>| s.start <= span.start && span.end <= s.end && !s.is_empty();
+        let entries = self.entries().into_iter().filter(|(path, _, v)| !path.is_empty() && holds(&v.span()));
+        // A value comes after what it holds, so of equal spans (an array of tables and its
+        // item) the first, the deepest, wins.
+        entries.min_by_key(|(_, _, v)| v.span().len()).map(|(path, _, value)| (path, value))
+    }
+}
+
+// ---- Loading ------------------------------------------------------------------------------------
+
+/// Loads with `std::env::var` as the environment.
+pub fn load_from_env(manifest_path: &Path, overrides: &Overrides) -> Result<Chain, ConfigError> {
+    load(manifest_path, overrides, &|name| std::env::var(name).ok())
+}
+
+/// Reads the package manifest at `manifest_path` (a `Cargo.toml`, or the folder holding one)
+/// and the workspace's, applies `overrides` and the variables of [`ENV_VARS`] as `env`
+/// returns them, and checks the result.
+pub fn load(
+    manifest_path: &Path,
+    overrides: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Chain, ConfigError> {
+    let mut manifest_path = absolute(manifest_path);
+    if manifest_path.is_dir() {
+        manifest_path.push("Cargo.toml");
+    }
+    let src = Source::read(&manifest_path)?;
+    let file = manifest_path.as_path();
+    let package_dir = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let manifest: Manifest = src.parse(&[PACKAGE_PREFIX, WORKSPACE_PREFIX])?;
+
+    let no_package = |at| ConfigError::NoPackage { file: file.into(), at, key: "package.name".into() };
+    let package = manifest.package.as_ref().ok_or_else(|| no_package(Location { line: 1, column: 1 }))?;
+    let package_name =
+        package.get_ref().name.as_ref().ok_or_else(|| no_package(src.at_span(package)))?.get_ref().clone();
+    let chain_table = package.get_ref().metadata.as_ref().and_then(|m| m.promptgen.as_ref()).ok_or_else(|| {
+        ConfigError::NoChain { file: file.into(), at: src.at_span(package), key: PACKAGE_PREFIX.into() }
+    })?;
+
+    let package_ctx = Ctx { src: &src, prefix: PACKAGE_PREFIX.into(), base: &package_dir };
+    let package_layer = Layer::check(&package_ctx, chain_table.get_ref(), Origin::Package)?;
+    let declared = check_steps(&package_ctx, chain_table)?;
+
+    let workspace = find_workspace(&src, &manifest, &package_dir, overrides.workspace_root.as_deref())?;
+    let workspace_table = workspace.as_ref().and_then(|ws| {
+        let (ws_src, table) = match &ws.manifest {
+            None => (&src, manifest.workspace.as_ref()?),
+            Some((ws_src, root)) => (ws_src, root.workspace.as_ref()?),
+        };
+        Some((ws_src, table.get_ref(), ws.dir.as_path()))
+    });
+    let mut layers = vec![package_layer];
+    if let Some((ws_src, table, root)) = workspace_table
+        && let Some(chain) = table.metadata.as_ref().and_then(|m| m.promptgen.as_ref())
+    {
+        let ctx = Ctx { src: ws_src, prefix: WORKSPACE_PREFIX.into(), base: root };
+        if let Some(steps) = &chain.get_ref().steps {
+            let at = ws_src
+                .at(Doc::parse(&ws_src.text).and_then(|d| d.key_span(&ctx.key("steps"))).unwrap_or(steps.span()).start);
+            return Err(unknown_key_error(&ws_src.file, at, Level::Workspace, WORKSPACE_PREFIX, "steps"));
+        }
+        layers.push(Layer::check(&ctx, chain.get_ref(), Origin::Workspace)?);
+    }
+    // The first layer that sets a chain-level value, with its origin.
+    fn pick<T>(layers: &[Layer<'_>], get: impl Fn(&ChainTable) -> Option<T>) -> Option<(T, Origin)> {
+        layers.iter().find_map(|layer| get(layer.table).map(|v| (v, layer.origin)))
+    }
+
+    let flag = |value: &Option<String>| value.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_string);
+    let var = |name: &'static str| env(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+
+    // Backend.
+    let backend_expected = || one_of::<BackendKind>();
+    let (backend, backend_origin) = if let Some(value) = flag(&overrides.backend) {
+        let kind = parse_word::<BackendKind>(&value).map_err(|_| ConfigError::Flag {
+            file: file.into(),
+            key: "--backend".into(),
+            value: value.clone(),
+            expected: backend_expected(),
+        })?;
+        (kind, Origin::Flag)
+    } else if let Some(value) = var("PROMPTGEN_BACKEND") {
+        let kind = parse_word::<BackendKind>(&value).map_err(|_| ConfigError::Env {
+            file: file.into(),
+            key: "PROMPTGEN_BACKEND".into(),
+            value: value.clone(),
+            expected: backend_expected(),
+        })?;
+        (kind, Origin::Env("PROMPTGEN_BACKEND"))
+    } else {
+        pick(&layers, |t| value(&t.backend)).unwrap_or((BackendKind::Ollama, Origin::Default))
+    };
+
+    // Base URL and key.
+    let backend_var = match backend {
+        BackendKind::Ollama => Some("OLLAMA_HOST"),
+        BackendKind::OpenAi => Some("OPENAI_BASE_URL"),
+        BackendKind::Scripted => None,
+    };
+    let (base_url, base_url_origin) = if let Some(value) = flag(&overrides.base_url) {
+        (Some(value), Origin::Flag)
+    } else if let Some(value) = var("PROMPTGEN_BASE_URL") {
+        (Some(value), Origin::Env("PROMPTGEN_BASE_URL"))
+    } else if let Some((name, value)) = backend_var.and_then(|name| var(name).map(|v| (name, v))) {
+        let value = if backend == BackendKind::Ollama { parse_host(&value) } else { value };
+        (Some(value), Origin::Env(name))
+    } else {
+        match pick(&layers, |t| t.base_url.as_ref().map(|u| u.get_ref().clone())) {
+            Some((url, origin)) => (Some(url), origin),
+            None => (None, Origin::Default),
+        }
+    };
+    let api_key = if backend == BackendKind::OpenAi { var("OPENAI_API_KEY") } else { None };
+
+    let num_ctx = pick(&layers, |t| value(&t.num_ctx)).map_or(BackendConfig::DEFAULT_NUM_CTX, |(v, _)| v.get());
+    let max_output_tokens = pick(&layers, |t| value(&t.max_output_tokens))
+        .map_or(BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS, |(v, _)| v.get());
+    let request_timeout = pick(&layers, |t| value(&t.request_timeout_secs))
+        .map_or(HttpConfig::default().request_timeout, |(secs, _)| Duration::from_secs(secs.get()));
+
+    let model_override = flag(&overrides.model)
+        .map(|m| (m, Origin::Flag))
+        .or_else(|| var("PROMPTGEN_MODEL").map(|m| (m, Origin::Env("PROMPTGEN_MODEL"))));
+
+    let mut steps = Vec::with_capacity(declared.len());
+    let mut without_model = Vec::new();
+    for step in declared {
+        // The step's own value, else the first chain-level layer's.
+        let own = &step.shared;
+        macro_rules! layered {
+            ($key:ident) => {
+                own.$key.clone().or_else(|| layers.iter().find_map(|l| l.shared.$key.clone()))
+            };
+        }
+        let model = model_override
+            .clone()
+            .or_else(|| own.model.clone().map(|m| (m, Origin::Step)))
+            .or_else(|| layers.iter().find_map(|l| l.shared.model.clone().map(|m| (m, l.origin))));
+        let Some((model, model_origin)) = model else {
+            without_model.push(step.id.clone());
+            continue;
+        };
+        if backend == BackendKind::Scripted && step.script.is_none() {
+            return Err(ConfigError::MissingScript {
+                file: file.into(),
+                at: step.at,
+                key: format!("{}.script", step.key),
+                step: step.id.clone(),
+                backend: format!("backend `scripted` {}", from_phrase(backend_origin, &step.id)),
+            });
+        }
+        let check = layered!(check).unwrap_or_else(|| {
+            if step.outputs.iter().any(|o| o.ends_with(".rs")) { CheckSpec::Rustc } else { CheckSpec::None }
+        });
+        steps.push(StepConfig {
+            system_prompt: layered!(system_prompt),
+            seed: layered!(seed),
+            temperature: layered!(temperature),
+            max_model_calls: layered!(max_model_calls).unwrap_or(codegen_core::Step::DEFAULT_MAX_MODEL_CALLS),
+            protocol: layered!(protocol).unwrap_or_default(),
+            check,
+            check_rounds: layered!(check_rounds).unwrap_or(codegen_core::Step::DEFAULT_CHECK_ROUNDS),
+            id: step.id,
+            prompt: step.prompt,
+            prompt_display: step.prompt_display,
+            model,
+            model_origin,
+            outputs: step.outputs,
+            inputs: step.inputs,
+            script: step.script,
+        });
+    }
+    if !without_model.is_empty() {
+        return Err(ConfigError::MissingModel {
+            file: file.into(),
+            at: src.at_span(chain_table),
+            key: format!("{PACKAGE_PREFIX}.model"),
+            steps: without_model,
+        });
+    }
+    steps.sort_by(|a, b| a.id.cmp(&b.id));
+    let edition = package_edition(&src, package.get_ref(), workspace_table.map(|(_, table, _)| table))?;
+
+    Ok(Chain {
+        package_name,
+        package_dir,
+        manifest_path: manifest_path.clone(),
+        workspace_root: workspace.map(|ws| ws.dir),
+        backend,
+        backend_origin,
+        base_url,
+        base_url_origin,
+        api_key,
+        num_ctx,
+        max_output_tokens,
+        request_timeout,
+        edition,
+        steps,
+    })
+}
+
+/// The value of an optional key, without its span.
+fn value<T: Copy>(key: &Option<Spanned<T>>) -> Option<T> {
+    key.as_ref().map(|v| *v.get_ref())
+}
+
+/// One table being checked: the manifest, the table's dotted path, and the folder its paths
+/// are relative to.
+struct Ctx<'a> {
+    src: &'a Source,
+    prefix: String,
+    base: &'a Path,
+}
+
+impl Ctx<'_> {
     fn key(&self, name: &str) -> String {
         format!("{}.{name}", self.prefix)
     }
 
-    fn wrong(&self, name: &str, expected: &str, value: &Value) -> ConfigError {
-        wrong_type(self.file, &self.key(name), expected, value)
-    }
-
-    fn invalid(&self, name: &str, value: impl fmt::Display, expected: &str) -> ConfigError {
+    fn invalid<T>(&self, name: &str, at: &Spanned<T>, value: impl fmt::Display) -> ConfigError {
         ConfigError::InvalidValue {
-            file: self.file.into(),
+            file: self.src.file.clone(),
+            at: self.src.at_span(at),
             key: self.key(name),
             value: value.to_string(),
-            expected: expected.into(),
+            expected: expected_of(&self.key(name)).unwrap_or_default(),
         }
     }
 
-    fn string(&self, name: &str) -> Result<Option<String>, ConfigError> {
-        match self.table.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(self.wrong(name, "a string", other)),
+    fn missing<T>(&self, name: &str, table: &Spanned<T>, hint: String) -> ConfigError {
+        ConfigError::Missing { file: self.src.file.clone(), at: self.src.at_span(table), key: self.key(name), hint }
+    }
+
+    fn bad_path(&self, key: &str, at: &Spanned<String>, reason: String) -> ConfigError {
+        ConfigError::BadPath {
+            file: self.src.file.clone(),
+            at: self.src.at_span(at),
+            key: key.into(),
+            value: at.get_ref().clone(),
+            reason,
         }
     }
 
-    fn non_empty_string(&self, name: &str) -> Result<Option<String>, ConfigError> {
-        match self.string(name)? {
-            Some(s) if s.trim().is_empty() => Err(self.invalid(name, format!("{s:?}"), "a non-empty string")),
-            other => Ok(other),
+    fn non_empty(&self, name: &str, value: &Spanned<String>) -> Result<String, ConfigError> {
+        match value.get_ref() {
+            s if s.trim().is_empty() => Err(self.invalid(name, value, format!("{s:?}"))),
+            s => Ok(s.clone()),
         }
     }
 
-    fn integer(&self, name: &str, expected: &str) -> Result<Option<i64>, ConfigError> {
-        match self.table.get(name) {
-            None => Ok(None),
-            Some(Value::Integer(i)) => Ok(Some(*i)),
-            Some(other) => Err(self.wrong(name, expected, other)),
-        }
+    fn temperature(&self, value: &Spanned<f64>) -> Result<f64, ConfigError> {
+        let t = *value.get_ref();
+        if (0.0..=2.0).contains(&t) { Ok(t) } else { Err(self.invalid("temperature", value, t)) }
     }
 
-    fn seed(&self) -> Result<Option<u64>, ConfigError> {
-        let expected = "a non-negative integer (e.g. 123)";
-        match self.integer("seed", expected)? {
-            None => Ok(None),
-            Some(i) => u64::try_from(i).map(Some).map_err(|_| self.invalid("seed", i, expected)),
-        }
-    }
-
-    fn temperature(&self) -> Result<Option<f64>, ConfigError> {
-        let expected = "a number from 0 to 2 (e.g. 0.0)";
-        let t = match self.table.get("temperature") {
-            None => return Ok(None),
-            Some(Value::Float(f)) => *f,
-            Some(Value::Integer(i)) => *i as f64,
-            Some(other) => return Err(self.wrong("temperature", expected, other)),
-        };
-        if (0.0..=2.0).contains(&t) { Ok(Some(t)) } else { Err(self.invalid("temperature", t, expected)) }
-    }
-
-    fn positive_u64(&self, name: &str, expected: &str) -> Result<Option<u64>, ConfigError> {
-        match self.integer(name, expected)? {
-            None => Ok(None),
-            Some(i) if i >= 1 => Ok(Some(i as u64)),
-            Some(i) => Err(self.invalid(name, i, expected)),
-        }
-    }
-
-    fn positive_u32(&self, name: &str, expected: &str) -> Result<Option<u32>, ConfigError> {
-        match self.integer(name, expected)? {
-            None => Ok(None),
-            Some(i) => match u32::try_from(i) {
-                Ok(v) if v >= 1 => Ok(Some(v)),
-                _ => Err(self.invalid(name, i, expected)),
-            },
-        }
-    }
-
-    fn check(&self) -> Result<Option<CheckSpec>, ConfigError> {
-        let expected = "\"rustc\", \"none\", or a command as an array of strings (e.g. [\"cargo\", \"check\"])";
-        match self.table.get("check") {
-            None => Ok(None),
-            Some(Value::String(s)) if s == "rustc" => Ok(Some(CheckSpec::Rustc)),
-            Some(Value::String(s)) if s == "none" => Ok(Some(CheckSpec::None)),
-            Some(Value::String(s)) => Err(self.invalid("check", format!("{s:?}"), expected)),
-            Some(Value::Array(items)) => {
-                let words: Option<Vec<String>> = items.iter().map(|i| i.as_str().map(str::to_string)).collect();
-                match words {
-                    Some(words) if !words.is_empty() && !words[0].trim().is_empty() => Ok(Some(CheckSpec::Command(words))),
-                    _ => Err(self.invalid("check", Value::Array(items.clone()), expected)),
-                }
+    fn check(&self, value: &Spanned<CheckValue>) -> Result<CheckSpec, ConfigError> {
+        match value.get_ref() {
+            CheckValue::Word(word) if word == "rustc" => Ok(CheckSpec::Rustc),
+            CheckValue::Word(word) if word == "none" => Ok(CheckSpec::None),
+            CheckValue::Command(words) if words.first().is_some_and(|w| !w.trim().is_empty()) => {
+                Ok(CheckSpec::Command(words.clone()))
             }
-            Some(other) => Err(self.wrong("check", expected, other)),
+            _ => {
+                let written = self.src.text.get(value.span()).unwrap_or_default().trim();
+                Err(self.invalid("check", value, written))
+            }
         }
     }
 
-    fn check_rounds(&self) -> Result<Option<u32>, ConfigError> {
-        let expected = "a non-negative integer (repair rounds after a failed check, e.g. 3)";
-        match self.integer("check_rounds", expected)? {
-            None => Ok(None),
-            Some(i) => u32::try_from(i).map(Some).map_err(|_| self.invalid("check_rounds", i, expected)),
+    /// The file the key `name` names, relative to the table's folder; it must exist.
+    fn existing_file(&self, name: &str, written: &Spanned<String>, what: &str) -> Result<PathBuf, ConfigError> {
+        if written.get_ref().trim().is_empty() {
+            return Err(ConfigError::InvalidValue {
+                file: self.src.file.clone(),
+                at: self.src.at_span(written),
+                key: self.key(name),
+                value: "\"\"".into(),
+                expected: "a path to a file".into(),
+            });
         }
+        self.file_at(name, written, lexical_join(self.base, written.get_ref()), what)
     }
 
-    fn max_steps(&self) -> Result<Option<u32>, ConfigError> {
-        self.positive_u32("max_steps", "an integer of at least 1 (the model calls the step may make, e.g. 8)")
-    }
-
-    fn backend(&self) -> Result<Option<BackendKind>, ConfigError> {
-        match self.string("backend")? {
-            None => Ok(None),
-            Some(s) => s.parse().map(Some).map_err(|_| self.invalid("backend", format!("{s:?}"), BACKENDS_EXPECTED)),
-        }
-    }
-
-    fn protocol(&self) -> Result<Option<ToolProtocol>, ConfigError> {
-        match self.string("protocol")? {
-            None => Ok(None),
-            Some(s) => match s.as_str() {
-                "native" => Ok(Some(ToolProtocol::Native)),
-                "json" => Ok(Some(ToolProtocol::Json)),
-                "blocks" => Ok(Some(ToolProtocol::Blocks)),
-                _ => Err(self.invalid("protocol", format!("{s:?}"), PROTOCOLS_EXPECTED)),
-            },
-        }
-    }
-
-    /// An optional key naming a file that must exist, relative to `base`.
-    fn file_path(&self, name: &str, base: &Path, what: &str) -> Result<Option<PathBuf>, ConfigError> {
-        match self.string(name)? {
-            None => Ok(None),
-            Some(written) => self.existing_file(name, &written, base, what).map(Some),
-        }
-    }
-
-    fn existing_file(&self, name: &str, written: &str, base: &Path, what: &str) -> Result<PathBuf, ConfigError> {
-        if written.trim().is_empty() {
-            return Err(self.invalid(name, "\"\"", "a path to a file"));
-        }
-        let path = lexical_join(base, written);
+    /// `path`, which the key `name` names (as `written`), if it is a file.
+    fn file_at(
+        &self,
+        name: &str,
+        written: &Spanned<String>,
+        path: PathBuf,
+        what: &str,
+    ) -> Result<PathBuf, ConfigError> {
         match std::fs::metadata(&path) {
             Ok(meta) if meta.is_file() => Ok(path),
             Ok(_) => Err(ConfigError::NotAFile {
-                file: self.file.into(),
+                file: self.src.file.clone(),
+                at: self.src.at_span(written),
                 key: self.key(name),
-                value: written.into(),
+                value: written.get_ref().clone(),
                 path,
                 what: what.into(),
             }),
-            Err(_) => Err(ConfigError::FileNotFound {
-                file: self.file.into(),
-                key: self.key(name),
-                path,
-                relative_to: base.into(),
-                what: what.into(),
-            }),
+            Err(e) => Err(self.not_there(self.key(name), written, path, what.into(), e)),
         }
     }
 
-    fn string_list(&self, name: &str, expected: &str) -> Result<Vec<(String, String)>, ConfigError> {
-        match self.table.get(name) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| {
-                    let key = format!("{name}[{i}]");
-                    match item {
-                        Value::String(s) => Ok((key, s.clone())),
-                        other => Err(self.wrong(&key, "a string (a relative path)", other)),
-                    }
-                })
-                .collect(),
-            Some(other) => Err(self.wrong(name, expected, other)),
+    /// `path`, named by `key` as `written`, cannot be looked at: missing, or `error`.
+    fn not_there(
+        &self,
+        key: String,
+        written: &Spanned<String>,
+        path: PathBuf,
+        what: String,
+        error: io::Error,
+    ) -> ConfigError {
+        let (file, at) = (self.src.file.clone(), self.src.at_span(written));
+        match error.kind() {
+            io::ErrorKind::NotFound => {
+                ConfigError::FileNotFound { file, at, key, path, relative_to: self.base.into(), what }
+            }
+            _ => ConfigError::Unreadable { file, at, key, path, what, source: error },
         }
     }
 
-    fn outputs(&self) -> Result<Vec<String>, ConfigError> {
-        let mut outputs = Vec::new();
-        let mut seen = BTreeSet::new();
-        for (name, written) in self.string_list("outputs", "an array of relative paths, e.g. [\"view.rs\"]")? {
-            let bad = |reason: String| ConfigError::BadPath {
-                file: self.file.into(),
-                key: self.key(&name),
-                value: written.clone(),
-                reason,
-            };
-            let normalized = output_path(&written).map_err(bad)?;
-            if !seen.insert(normalized.clone()) {
+    /// Why the input folder named by `key` (as `written`) cannot be walked.
+    fn walk_error(&self, key: &str, written: &Spanned<String>, step_id: &str, error: SandboxError) -> ConfigError {
+        let (file, at, key) = (self.src.file.clone(), self.src.at_span(written), key.to_string());
+        match error {
+            SandboxError::InputLink { link, target, reason } => {
+                ConfigError::InputLink { file, at, key, link, target, reason }
+            }
+            SandboxError::Fs(e) => self.not_there(key, written, e.path, format!("input of step `{step_id}`"), e.source),
+            other => {
+                ConfigError::BadPath { file, at, key, value: written.get_ref().clone(), reason: other.to_string() }
+            }
+        }
+    }
+
+    fn outputs(&self, list: &[Spanned<String>]) -> Result<Vec<String>, ConfigError> {
+        let mut outputs: Vec<String> = Vec::new();
+        for (i, written) in list.iter().enumerate() {
+            let bad = |reason: String| self.bad_path(&self.key(&format!("outputs[{i}]")), written, reason);
+            let normalized = output_path(written.get_ref()).map_err(bad)?;
+            if outputs.contains(&normalized) {
                 return Err(bad("is listed twice".into()));
             }
             outputs.push(normalized);
@@ -1215,34 +1525,26 @@ impl Reader<'_> {
         Ok(outputs)
     }
 
-    fn inputs(&self, package_dir: &Path, step_id: &str) -> Result<Vec<Input>, ConfigError> {
+    fn inputs(&self, list: &[Spanned<String>], step_id: &str) -> Result<Vec<Input>, ConfigError> {
         let mut inputs: Vec<Input> = Vec::new();
-        let entries = self.string_list("inputs", "an array of files or folders, e.g. [\"src/domain.rs\"]")?;
-        for (name, written) in entries {
-            let bad = |reason: String| ConfigError::BadPath {
-                file: self.file.into(),
-                key: self.key(&name),
-                value: written.clone(),
-                reason,
-            };
-            let virtual_path = input_virtual_path(&written).map_err(bad)?;
-            let real_path = lexical_join(package_dir, &written);
+        for (i, written) in list.iter().enumerate() {
+            let key = self.key(&format!("inputs[{i}]"));
+            let bad = |reason: String| self.bad_path(&key, written, reason);
+            let virtual_path = input_virtual_path(written.get_ref()).map_err(bad)?;
+            let real_path = lexical_join(self.base, written.get_ref());
             let is_dir = match std::fs::metadata(&real_path) {
                 Ok(meta) if meta.is_dir() => true,
                 Ok(meta) if meta.is_file() => false,
                 Ok(_) => {
                     return Err(bad(format!("names `{}`, which is neither a file nor a folder", real_path.display())));
                 }
-                Err(_) => {
-                    return Err(ConfigError::FileNotFound {
-                        file: self.file.into(),
-                        key: self.key(&name),
-                        path: real_path,
-                        relative_to: package_dir.into(),
-                        what: format!("input of step `{step_id}`"),
-                    });
-                }
+                Err(e) => return Err(self.not_there(key, written, real_path, format!("input of step `{step_id}`"), e)),
             };
+            if is_dir {
+                // Its links are followed inside the package only, as the fingerprint and the
+                // sandbox follow them.
+                input_files(&real_path, Some(self.base)).map_err(|e| self.walk_error(&key, written, step_id, e))?;
+            }
             if inputs.iter().any(|i| i.virtual_path == virtual_path) {
                 return Err(bad(format!(
                     "is seen by the model as `{virtual_path}`, like an earlier input of the step; list each input once"
@@ -1254,21 +1556,256 @@ impl Reader<'_> {
     }
 }
 
-fn wrong_type(file: &Path, key: &str, expected: &str, value: &Value) -> ConfigError {
-    ConfigError::WrongType { file: file.into(), key: key.into(), expected: expected.into(), found: describe(value) }
+/// The keys a step shares with the chain-level tables, checked; `None` where a table is silent.
+#[derive(Debug, Default)]
+struct Shared {
+    model: Option<String>,
+    seed: Option<u64>,
+    temperature: Option<f64>,
+    max_model_calls: Option<u32>,
+    protocol: Option<ToolProtocol>,
+    system_prompt: Option<PathBuf>,
+    check: Option<CheckSpec>,
+    check_rounds: Option<u32>,
 }
 
-fn describe(value: &Value) -> String {
-    match value {
-        Value::String(s) => format!("the string {s:?}"),
-        Value::Integer(i) => format!("the integer {i}"),
-        Value::Float(f) => format!("the float {f}"),
-        Value::Boolean(b) => format!("the boolean {b}"),
-        Value::Datetime(d) => format!("the datetime {d}"),
-        Value::Array(_) => "an array".into(),
-        Value::Table(_) => "a table".into(),
+/// The shared keys of `$table` (a `ChainTable` or a `StepTable`), checked in `$ctx`;
+/// `$what` names the system prompt in messages.
+macro_rules! check_shared {
+    ($ctx:expr, $table:expr, $what:expr) => {{
+        let (ctx, table): (&Ctx<'_>, _) = ($ctx, $table);
+        Shared {
+            model: table.model.as_ref().map(|v| ctx.non_empty("model", v)).transpose()?,
+            seed: value(&table.seed),
+            temperature: table.temperature.as_ref().map(|v| ctx.temperature(v)).transpose()?,
+            max_model_calls: value(&table.max_model_calls).map(NonZeroU32::get),
+            protocol: value(&table.protocol),
+            system_prompt: table
+                .system_prompt
+                .as_ref()
+                .map(|v| ctx.existing_file("system_prompt", v, $what))
+                .transpose()?,
+            check: table.check.as_ref().map(|v| ctx.check(v)).transpose()?,
+            check_rounds: value(&table.check_rounds),
+        }
+    }};
+}
+
+/// A chain-level table, checked.
+struct Layer<'a> {
+    origin: Origin,
+    table: &'a ChainTable,
+    shared: Shared,
+}
+
+impl<'a> Layer<'a> {
+    fn check(ctx: &Ctx<'_>, table: &'a ChainTable, origin: Origin) -> Result<Layer<'a>, ConfigError> {
+        if let Some(url) = &table.base_url {
+            ctx.non_empty("base_url", url)?;
+        }
+        Ok(Layer { origin, table, shared: check_shared!(ctx, table, "system prompt") })
     }
 }
+
+/// A step as declared and checked, its own values only.
+struct DeclaredStep {
+    /// `package.metadata.promptgen.steps[i]`.
+    key: String,
+    at: Location,
+    id: String,
+    prompt: PathBuf,
+    prompt_display: String,
+    outputs: Vec<String>,
+    inputs: Vec<Input>,
+    script: Option<PathBuf>,
+    shared: Shared,
+}
+
+fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<DeclaredStep>, ConfigError> {
+    let empty_hint = || {
+        "a chain needs at least one step: add a `[[package.metadata.promptgen.steps]]` table with \
+         `id = \"01\"` and `prompt = \"prompts/01.md\"`"
+            .to_string()
+    };
+    let list = match &chain.get_ref().steps {
+        None => return Err(ctx.missing("steps", chain, empty_hint())),
+        Some(list) if list.get_ref().is_empty() => return Err(ctx.missing("steps", list, empty_hint())),
+        Some(list) => list.get_ref(),
+    };
+    let mut steps = Vec::with_capacity(list.len());
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    for (index, step) in list.iter().enumerate() {
+        let ctx = Ctx { src: ctx.src, prefix: ctx.key(&format!("steps[{index}]")), base: ctx.base };
+        let table = step.get_ref();
+        let Some(id_value) = &table.id else {
+            let hint = "every step needs a unique `id` of letters, digits, `_` and `-`, e.g. `id = \"01\"`";
+            return Err(ctx.missing("id", step, hint.into()));
+        };
+        let id = id_value.get_ref().clone();
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(ctx.invalid("id", id_value, format!("{id:?}")));
+        }
+        if let Some(first_key) = seen.get(&id) {
+            return Err(ConfigError::DuplicateId {
+                file: ctx.src.file.clone(),
+                at: ctx.src.at_span(id_value),
+                key: ctx.key("id"),
+                id,
+                first_key: first_key.clone(),
+            });
+        }
+        seen.insert(id.clone(), ctx.key("id"));
+
+        let what = |thing: &str| format!("{thing} of step `{id}`");
+        let Some(prompt_value) = &table.prompt else {
+            let hint = format!(
+                "step `{id}` needs `prompt`, a file relative to the package folder `{}`, e.g. `prompt = \"prompts/{id}.md\"`",
+                ctx.base.display()
+            );
+            return Err(ctx.missing("prompt", step, hint));
+        };
+        let prompt = ctx.existing_file("prompt", prompt_value, &what("prompt"))?;
+        let shared = check_shared!(&ctx, table, &what("system prompt"));
+        let script = table.script.as_ref().map(|s| ctx.existing_file("script", s, &what("script"))).transpose()?;
+        let outputs = ctx.outputs(table.outputs.as_ref().map_or(&[], |l| l.get_ref()))?;
+        let inputs = ctx.inputs(table.inputs.as_ref().map_or(&[], |l| l.get_ref()), &id)?;
+        steps.push(DeclaredStep {
+            key: ctx.prefix.clone(),
+            at: ctx.src.at_span(step),
+            id,
+            prompt,
+            prompt_display: prompt_value.get_ref().clone(),
+            outputs,
+            inputs,
+            script,
+            shared,
+        });
+    }
+    Ok(steps)
+}
+
+/// `package.edition`, or the workspace's `workspace.package.edition` when the package
+/// inherits it; `2015` when absent, as cargo does.
+fn package_edition(
+    src: &Source,
+    package: &PackageTable,
+    workspace: Option<&WorkspaceTable>,
+) -> Result<String, ConfigError> {
+    let Some(edition) = &package.edition else { return Ok("2015".into()) };
+    match edition.get_ref() {
+        Edition::Named(name) => Ok(name.clone()),
+        Edition::Inherited { workspace: true } => {
+            workspace.and_then(|ws| ws.package.as_ref()?.edition.clone()).ok_or_else(|| ConfigError::Missing {
+                file: src.file.clone(),
+                at: src.at_span(edition),
+                key: "package.edition".into(),
+                hint:
+                    "`edition.workspace = true` needs `[workspace.package] edition = ...` in the workspace's Cargo.toml"
+                        .into(),
+            })
+        }
+        Edition::Inherited { workspace: false } => Err(ConfigError::WrongType {
+            file: src.file.clone(),
+            at: src.at_span(edition),
+            key: "package.edition".into(),
+            expected: "a string such as \"2021\", or `{ workspace = true }`".into(),
+            found: "`{ workspace = false }`".into(),
+        }),
+    }
+}
+
+/// The workspace a package belongs to: its root folder, and the root's manifest when it is
+/// not the package's own.
+struct WorkspaceRoot {
+    dir: PathBuf,
+    manifest: Option<(Source, RootManifest)>,
+}
+
+impl WorkspaceRoot {
+    /// The workspace whose root is `dir`, if `dir/Cargo.toml` has a `[workspace]` table.
+    fn open(dir: &Path) -> Result<Option<WorkspaceRoot>, ConfigError> {
+        let src = Source::read(&dir.join("Cargo.toml"))?;
+        let root: RootManifest = src.parse(&[WORKSPACE_PREFIX])?;
+        Ok(root.workspace.is_some().then(|| WorkspaceRoot { dir: dir.to_path_buf(), manifest: Some((src, root)) }))
+    }
+}
+
+/// Finds the workspace of the package in `package_dir` the way cargo does:
+///
+/// 1. the root the caller was told ([`Overrides::workspace_root`], from `cargo metadata`);
+/// 2. else the package's own manifest, when it has a `[workspace]` table;
+/// 3. else the root that `package.workspace = "path"` names;
+/// 4. else the nearest manifest in the parent folders with a `[workspace]` table that does not
+///    exclude the package (cargo walks on past a workspace that excludes it), or that itself
+///    names its root with
+///    `package.workspace`. The walk stops below a `target/package` folder, as cargo's does.
+fn find_workspace(
+    src: &Source,
+    manifest: &Manifest,
+    package_dir: &Path,
+    told: Option<&Path>,
+) -> Result<Option<WorkspaceRoot>, ConfigError> {
+    let own = || WorkspaceRoot { dir: package_dir.to_path_buf(), manifest: None };
+    if let Some(root) = told.map(absolute) {
+        return if root == package_dir {
+            Ok(manifest.workspace.is_some().then(own))
+        } else {
+            WorkspaceRoot::open(&root)
+        };
+    }
+    if manifest.workspace.is_some() {
+        return Ok(Some(own()));
+    }
+    if let Some(pointer) = manifest.package.as_ref().and_then(|p| p.get_ref().workspace.as_ref()) {
+        return named_root(src, pointer, package_dir).map(Some);
+    }
+    let package_manifest = package_dir.join("Cargo.toml");
+    for dir in package_dir.ancestors().skip(1).take_while(|dir| !dir.ends_with("target/package")) {
+        let candidate = dir.join("Cargo.toml");
+        if !candidate.is_file() {
+            continue;
+        }
+        let ancestor = Source::read(&candidate)?;
+        let probe: Probe = ancestor.parse(&[])?;
+        match (probe.workspace, probe.package.and_then(|p| p.workspace)) {
+            (Some(ws), _) if !ws.excludes(dir, &package_manifest) => return WorkspaceRoot::open(dir),
+            (Some(_), _) => {}
+            (None, Some(pointer)) => return named_root(&ancestor, &pointer, dir).map(Some),
+            (None, None) => {}
+        }
+    }
+    Ok(None)
+}
+
+/// The workspace whose root `package.workspace = pointer` names, in the manifest `src` of the
+/// folder `dir`.
+fn named_root(src: &Source, pointer: &Spanned<String>, dir: &Path) -> Result<WorkspaceRoot, ConfigError> {
+    let ctx = Ctx { src, prefix: "package".into(), base: dir };
+    let root = lexical_join(dir, pointer.get_ref());
+    ctx.file_at("workspace", pointer, root.join("Cargo.toml"), "workspace root's manifest")?;
+    WorkspaceRoot::open(&root)?.ok_or_else(|| ConfigError::InvalidValue {
+        file: src.file.clone(),
+        at: src.at_span(pointer),
+        key: "package.workspace".into(),
+        value: format!("{:?}", pointer.get_ref()),
+        expected: format!(
+            "the folder of a workspace root, but `{}` has no `[workspace]` table",
+            root.join("Cargo.toml").display()
+        ),
+    })
+}
+
+impl ProbeWorkspace {
+    /// Whether this workspace, rooted in `root`, leaves out the package whose manifest is
+    /// `package_manifest`. Cargo's rule: an `exclude` entry holds it and no `members` entry
+    /// does (both compared as paths, globs unexpanded).
+    fn excludes(&self, root: &Path, package_manifest: &Path) -> bool {
+        let holds = |paths: &[String]| paths.iter().any(|path| package_manifest.starts_with(lexical_join(root, path)));
+        holds(&self.exclude) && !holds(&self.members)
+    }
+}
+
+// ---- Paths --------------------------------------------------------------------------------------
 
 /// The problems shared by output and input paths, which the model sees: `Err` says why.
 fn path_shape(written: &str) -> Result<Vec<&str>, String> {
@@ -1347,58 +1884,6 @@ fn absolute(path: &Path) -> PathBuf {
     lexical_join(&path, "")
 }
 
-fn read_manifest(file: &Path) -> Result<Table, ConfigError> {
-    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.into(), source })?;
-    text.parse::<Table>()
-        .map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string().trim_end().to_string() })
-}
-
-/// The workspace root, its manifest, and its parsed text (`None`: the package's own manifest).
-type Workspace = (PathBuf, PathBuf, Option<Table>);
-
-/// Finds the workspace the way cargo does: the package's own manifest if it has a
-/// `[workspace]` table, else the nearest `Cargo.toml` with one in the parent folders.
-/// `package.edition`, or the workspace's `workspace.package.edition` when the package
-/// inherits it.
-fn package_edition(doc: &Table, workspace: Option<(&Path, &Table)>, file: &Path) -> Result<String, ConfigError> {
-    match doc.get("package").and_then(|p| p.get("edition")) {
-        None => Ok("2015".into()),
-        Some(Value::String(edition)) => Ok(edition.clone()),
-        Some(Value::Table(t)) if t.get("workspace").and_then(Value::as_bool) == Some(true) => {
-            let inherited = workspace.and_then(|(ws_file, ws)| {
-                let edition = ws.get("workspace")?.get("package")?.get("edition")?.as_str()?;
-                Some((ws_file, edition.to_string()))
-            });
-            match inherited {
-                Some((_, edition)) => Ok(edition),
-                None => Err(ConfigError::Missing {
-                    file: file.into(),
-                    key: "package.edition".into(),
-                    hint: "`edition.workspace = true` needs `[workspace.package] edition = ...` in the workspace's Cargo.toml".into(),
-                }),
-            }
-        }
-        Some(other) => Err(wrong_type(file, "package.edition", "a string such as \"2021\"", other)),
-    }
-}
-
-fn find_workspace(doc: &Table, file: &Path, package_dir: &Path) -> Result<Option<Workspace>, ConfigError> {
-    if doc.contains_key("workspace") {
-        return Ok(Some((package_dir.to_path_buf(), file.to_path_buf(), None)));
-    }
-    for dir in package_dir.ancestors().skip(1) {
-        let candidate = dir.join("Cargo.toml");
-        if !candidate.is_file() {
-            continue;
-        }
-        let ws_doc = read_manifest(&candidate)?;
-        if ws_doc.contains_key("workspace") {
-            return Ok(Some((dir.to_path_buf(), candidate, Some(ws_doc))));
-        }
-    }
-    Ok(None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1407,9 +1892,53 @@ mod tests {
     fn edit_distance_and_suggestions() {
         assert_eq!(edit_distance("max_step", "max_steps"), 1);
         assert_eq!(edit_distance("", "abc"), 3);
-        assert_eq!(closest("maxsteps", CHAIN_KEYS), Some("max_steps"));
-        assert_eq!(closest("Model", CHAIN_KEYS), Some("model"));
-        assert_eq!(closest("completely_else", CHAIN_KEYS), None);
+        let keys = || ChainTable::KEYS.iter().copied();
+        assert_eq!(closest("max_model_call", keys()), Some("max_model_calls"));
+        assert_eq!(ChainTable::ALIASES, [("max_steps", "max_model_calls")]);
+        assert!(StepTable::expected("max_steps").is_some());
+        assert_eq!(closest("Model", keys()), Some("model"));
+        assert_eq!(closest("completely_else", keys()), None);
+    }
+
+    #[test]
+    fn enum_names_come_from_their_own_deserialize() {
+        assert_eq!(variants::<BackendKind>(), ["ollama", "openai", "scripted"]);
+        assert_eq!(one_of::<ToolProtocol>(), "one of \"native\", \"json\", \"blocks\"");
+        assert_eq!(parse_word::<BackendKind>("openai").unwrap(), BackendKind::OpenAi);
+        assert!(parse_word::<BackendKind>("Ollama").is_err());
+    }
+
+    #[test]
+    fn every_key_says_what_it_expects() {
+        for key in ChainTable::KEYS {
+            assert!(ChainTable::expected(key).is_some_and(|e| !e.is_empty()), "{key}");
+        }
+        for key in StepTable::KEYS {
+            assert!(StepTable::expected(key).is_some_and(|e| !e.is_empty()), "{key}");
+        }
+    }
+
+    #[test]
+    fn the_module_documentation_lists_every_key() {
+        let docs = include_str!("config.rs");
+        let docs: String = docs.lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
+        for key in ChainTable::KEYS.iter().chain(StepTable::KEYS) {
+            let line = if *key == "steps" {
+                "//! [[package.metadata.promptgen.steps]]".into()
+            } else {
+                format!("//! {key} = ")
+            };
+            assert!(docs.contains(&line), "the module documentation's schema lacks `{key}`");
+        }
+    }
+
+    #[test]
+    fn locations_count_lines_and_characters_from_one() {
+        let src = Source { file: "Cargo.toml".into(), text: "a = 1\nbé = 2\n".into() };
+        assert_eq!(src.at(0), Location { line: 1, column: 1 });
+        assert_eq!(src.at(6), Location { line: 2, column: 1 });
+        assert_eq!(src.at(10), Location { line: 2, column: 4 });
+        assert_eq!(src.at(999).line, 3);
     }
 
     #[test]

@@ -192,19 +192,17 @@ fn run_step(
     let output_root = scratch.path().join("tree");
     sync_dir(&output_root, tree)?;
 
-    let mut builder = Sandbox::builder(&output_root);
+    let mut builder = Sandbox::builder(&output_root).links_within(&chain.package_dir);
     for input in &step.inputs {
         builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
     }
     let mut sandbox = builder.build().map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
-    let mut backend = chain
-        .backend_config(step)
-        .open()
-        .map_err(|source| Error::Backend { id: step.id.clone(), source })?;
+    let mut backend =
+        chain.backend_config(step).open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
 
     let prompt = codegen_core::fs::read_to_string(&step.prompt)?;
     let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
-    core_step.max_steps(step.max_steps).protocol(step.protocol).check_rounds(step.check_rounds);
+    core_step.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
     if let Some(path) = &step.system_prompt {
         core_step.system_prompt(codegen_core::fs::read_to_string(path)?);
     }

@@ -23,7 +23,7 @@
 //! model = "qwen2.5-coder:7b"
 //! seed = 123
 //! temperature = 0.0
-//! max_steps = 8                       # model calls per step, repairs included
+//! max_model_calls = 8                 # model calls per step, repairs included
 //! protocol = "native"                 # "native" | "json" | "blocks"
 //! system_prompt = "prompts/system.md" # optional
 //!
@@ -90,5 +90,5 @@ pub mod plan;
 pub mod report;
 pub mod store;
 
-pub use build_script::{build, Builder};
+pub use build_script::{Builder, build};
 pub use error::Error;

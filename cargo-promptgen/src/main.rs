@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use cargo_promptgen::config::{self, Chain, Overrides};
 use cargo_promptgen::generate::{self, Destination, Progress};
 use cargo_promptgen::layout::Layout;
@@ -17,7 +17,13 @@ use clap::{Args, Parser, Subcommand};
 
 /// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
 #[derive(Parser, Debug)]
-#[command(name = "cargo promptgen", bin_name = "cargo promptgen", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "cargo promptgen",
+    bin_name = "cargo promptgen",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -188,7 +194,12 @@ fn select_package(metadata: &serde_json::Value, selection: &Selection) -> anyhow
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let overrides = Overrides { backend: args.backend.clone(), model: args.model.clone(), base_url: args.base_url.clone() };
+    let overrides = Overrides {
+        backend: args.backend.clone(),
+        model: args.model.clone(),
+        base_url: args.base_url.clone(),
+        ..Overrides::default()
+    };
     let Package { chain, layout } = open(&args.selection, &overrides)?;
     for id in &args.steps {
         if chain.step(id).is_none() {

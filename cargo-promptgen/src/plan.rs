@@ -14,8 +14,8 @@ use codegen_core::fs;
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::{Error, StaleStep};
 use crate::layout::{Layout, Store};
-use crate::lock::{sha256_hex, Fingerprint, Lock, LockedStep};
-use crate::store::{walk_files, Files};
+use crate::lock::{Fingerprint, Lock, LockedStep, sha256_hex};
+use crate::store::Files;
 
 /// Where a step's recorded result comes from, or why there is none to use.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,14 +140,17 @@ fn assess_with(
     if let Some(entry) = committed.filter(|e| e.key == key) {
         match records.store.load(entry) {
             Ok(files) => return Ok(usable(step, fingerprint, StepState::Fresh, entry, files)),
-            Err(Error::DamagedStore { path, detail }) => damaged = Some(format!("stored file `{}`: {detail}", path.display())),
+            Err(Error::DamagedStore { path, detail }) => {
+                damaged = Some(format!("stored file `{}`: {detail}", path.display()))
+            }
             Err(other) => return Err(other),
         }
     }
     if let Some(entry) = records.pending.as_ref().and_then(|p| p.step(&step.id)).filter(|e| e.key == key)
-        && let Ok(files) = records.pending_store.load(entry) {
-            return Ok(usable(step, fingerprint, StepState::Pending, entry, files));
-        }
+        && let Ok(files) = records.pending_store.load(entry)
+    {
+        return Ok(usable(step, fingerprint, StepState::Pending, entry, files));
+    }
     let reasons = match (damaged, committed) {
         (Some(damage), _) => vec![damage],
         (None, Some(entry)) => {
@@ -208,14 +211,22 @@ pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -
     fingerprint_with(chain, step, previous, &mut Memo::default())
 }
 
-fn fingerprint_with(chain: &Chain, step: &StepConfig, previous: Option<String>, memo: &mut Memo) -> Result<Fingerprint, Error> {
+fn fingerprint_with(
+    chain: &Chain,
+    step: &StepConfig,
+    previous: Option<String>,
+    memo: &mut Memo,
+) -> Result<Fingerprint, Error> {
     let mut inputs = BTreeMap::new();
     for input in &step.inputs {
         if input.is_dir {
-            for rel in walk_files(&input.real_path) {
+            // What the sandbox shows the model: links followed inside the package only.
+            let files = codegen_core::sandbox::input_files(&input.real_path, Some(&chain.package_dir))
+                .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
+            for (rel, real) in files {
                 let virtual_path = format!("{}/{rel}", input.virtual_path);
                 if !codegen_core::sandbox::is_protected(&virtual_path) {
-                    inputs.insert(virtual_path, memo.hash_file(&input.real_path.join(&rel))?);
+                    inputs.insert(virtual_path, memo.hash_file(&real)?);
                 }
             }
         } else {

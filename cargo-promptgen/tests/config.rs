@@ -96,6 +96,7 @@ fn flags(backend: Option<&str>, model: Option<&str>, base_url: Option<&str>) -> 
         backend: backend.map(str::to_string),
         model: model.map(str::to_string),
         base_url: base_url.map(str::to_string),
+        ..Overrides::default()
     }
 }
 
@@ -123,7 +124,7 @@ fn a_minimal_chain_gets_every_default() {
     assert_eq!(step.prompt, fx.path("prompts/01.md"));
     assert_eq!(step.prompt_display, "../prompts/01.md");
     assert_eq!((step.model.as_str(), step.model_origin), ("m", Origin::Package));
-    assert_eq!(step.max_steps, codegen_core::Step::DEFAULT_MAX_STEPS);
+    assert_eq!(step.max_model_calls, codegen_core::Step::DEFAULT_MAX_MODEL_CALLS);
     assert_eq!(step.protocol, ToolProtocol::Native);
     assert_eq!((step.seed, step.temperature, &step.system_prompt), (None, None, &None));
     assert!(step.outputs.is_empty() && step.inputs.is_empty() && step.script.is_none());
@@ -277,7 +278,7 @@ fn base_url_and_key_precedence_for_openai() {
 fn workspace_defaults_with_workspace_relative_system_prompt() {
     let fx = Fixture::with_workspace_metadata(
         "[workspace.metadata.promptgen]\n\
-         model = \"ws-model\"\nseed = 7\ntemperature = 1\nmax_steps = 3\nprotocol = \"blocks\"\n\
+         model = \"ws-model\"\nseed = 7\ntemperature = 1\nmax_model_calls = 3\nprotocol = \"blocks\"\n\
          system_prompt = \"prompts/ws_system.md\"\nnum_ctx = 4096\nrequest_timeout_secs = 30\n",
     );
     let manifest = fx.package(&one_step("", ""));
@@ -286,14 +287,14 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
     assert_eq!(step.system_prompt, Some(fx.path("prompts/ws_system.md")));
     assert_eq!((step.model.as_str(), step.model_origin), ("ws-model", Origin::Workspace));
     assert_eq!(
-        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(7), Some(1.0), 3, ToolProtocol::Blocks)
     );
     assert_eq!((chain.num_ctx, chain.request_timeout), (4096, Duration::from_secs(30)));
 
     // The package beats the workspace; its paths are relative to the package.
     let manifest = fx.package(&one_step(
-        "seed = 8\ntemperature = 0.5\nmax_steps = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"\n\
+        "seed = 8\ntemperature = 0.5\nmax_model_calls = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"\n\
          num_ctx = 8192\nrequest_timeout_secs = 60",
         "",
     ));
@@ -301,21 +302,21 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
     let step = &chain.steps[0];
     assert_eq!(step.system_prompt, Some(fx.path("pkg/prompts/local.md")));
     assert_eq!(
-        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(8), Some(0.5), 4, ToolProtocol::Json)
     );
     assert_eq!((chain.num_ctx, chain.request_timeout), (8192, Duration::from_secs(60)));
 
     // The step beats the package.
     let manifest = fx.package(&one_step(
-        "seed = 8\ntemperature = 0.5\nmax_steps = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"",
-        "seed = 0\ntemperature = 2.0\nmax_steps = 1\nprotocol = \"native\"\nsystem_prompt = \"../prompts/system.md\"",
+        "seed = 8\ntemperature = 0.5\nmax_model_calls = 4\nprotocol = \"json\"\nsystem_prompt = \"prompts/local.md\"",
+        "seed = 0\ntemperature = 2.0\nmax_model_calls = 1\nprotocol = \"native\"\nsystem_prompt = \"../prompts/system.md\"",
     ));
     let chain = load(&manifest, &Overrides::default(), NONE);
     let step = &chain.steps[0];
     assert_eq!(step.system_prompt, Some(fx.path("prompts/system.md")));
     assert_eq!(
-        (step.seed, step.temperature, step.max_steps, step.protocol),
+        (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(0), Some(2.0), 1, ToolProtocol::Native)
     );
 }
@@ -498,7 +499,7 @@ fn unknown_keys_list_the_known_ones_and_suggest_the_closest() {
         &[
             "pkg/Cargo.toml",
             "package.metadata.promptgen.max_step",
-            "did you mean `max_steps`?",
+            "did you mean `max_model_calls`?",
             "`request_timeout_secs`",
         ],
     );
@@ -546,7 +547,7 @@ fn wrong_types_say_what_is_expected() {
         ("seed = \"x\"", "package.metadata.promptgen.seed", "a non-negative integer", "the string \"x\""),
         ("seed = 1.5", "package.metadata.promptgen.seed", "a non-negative integer", "the float 1.5"),
         ("temperature = \"hot\"", "package.metadata.promptgen.temperature", "a number from 0 to 2", "string"),
-        ("max_steps = true", "package.metadata.promptgen.max_steps", "at least 1", "boolean"),
+        ("max_model_calls = true", "package.metadata.promptgen.max_model_calls", "at least 1", "boolean"),
         ("model = 3", "package.metadata.promptgen.model", "a string", "the integer 3"),
         ("num_ctx = \"big\"", "package.metadata.promptgen.num_ctx", "positive integer", "string"),
         ("steps = \"01\"", "package.metadata.promptgen.steps", "an array of tables", "string"),
@@ -612,7 +613,7 @@ fn bad_enum_values_list_the_allowed_ones() {
 fn out_of_range_numbers() {
     let fx = Fixture::new();
     let cases = [
-        ("max_steps = 0", "`package.metadata.promptgen.max_steps` = 0", "at least 1"),
+        ("max_model_calls = 0", "`package.metadata.promptgen.max_model_calls` = 0", "at least 1"),
         ("temperature = 2.5", "`package.metadata.promptgen.temperature` = 2.5", "from 0 to 2"),
         ("temperature = -1", "`package.metadata.promptgen.temperature` = -1", "from 0 to 2"),
         ("temperature = nan", "`package.metadata.promptgen.temperature` = NaN", "from 0 to 2"),
@@ -628,10 +629,10 @@ fn out_of_range_numbers() {
         assert!(matches!(err, ConfigError::InvalidValue { .. }), "{line}: {err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", key, expected]);
     }
-    // A step's own max_steps too.
-    let manifest = fx.package(&one_step("model = \"m\"", "max_steps = 0"));
+    // A step's own max_model_calls too.
+    let manifest = fx.package(&one_step("model = \"m\"", "max_model_calls = 0"));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_steps` = 0", "at least 1"]);
+    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_model_calls` = 0", "at least 1"]);
 }
 
 #[test]
@@ -840,4 +841,290 @@ fn an_invalid_backend_variable_or_flag_is_named() {
     let err = load_err(&manifest, &flags(Some("Ollama"), None, None), NONE);
     assert!(matches!(err, ConfigError::Flag { .. }), "{err:?}");
     assert_mentions(&err, &["--backend", "\"Ollama\"", "\"ollama\", \"openai\", \"scripted\""]);
+}
+
+#[test]
+fn every_mistake_in_a_manifest_names_its_line_and_column() {
+    let fx = Fixture::new();
+    // `one_step` puts the chain's lines from line 6, the step table's header on the line after
+    // them plus one, and the step's own lines after its `id` and `prompt`.
+    let cases: &[(&str, &str, &str)] = &[
+        ("model = \"m\"\nflavour = 1", "", "7:1"),
+        ("model = \"m\"\nseed = \"x\"", "", "7:8"),
+        ("model = \"m\"\ntemperature = 3.0", "", "7:15"),
+        ("model = \"m\"\nbackend = \"llamacpp\"", "", "7:11"),
+        ("model = \"m\"", "outputs = [\"a.rs\", \"../b.rs\"]", "11:20"),
+        ("model = \"m\"", "inputs = [\"src/none.rs\"]", "11:11"),
+        ("model = \"m\"", "system_prompt = \"none.md\"", "11:17"),
+        ("model = \"m\"", "max_model_calls = 0", "11:19"),
+        ("model = \"m\"", "check = \"cargo\"", "11:9"),
+        ("model = \"m\"", "id = \"02\"", "11:1"),
+        ("", "", "5:1"),
+        ("model = \"m\"\nbackend = \"scripted\"", "", "9:1"),
+    ];
+    for (chain, step, at) in cases {
+        let manifest = fx.package(&one_step(chain, step));
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        let location = err.location().unwrap_or_else(|| panic!("{chain} / {step}: no location in {err:?}"));
+        assert_eq!(location.to_string(), *at, "{chain} / {step}: {err}");
+        assert_mentions(&err, &[&format!("pkg/Cargo.toml:{at}`")]);
+    }
+
+    // A step table without `prompt` is pointed at by its header.
+    let manifest = fx
+        .package("[package.metadata.promptgen]\nmodel = \"m\"\n\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n");
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert_eq!(err.location().map(|l| l.to_string()).as_deref(), Some("8:1"), "{err}");
+
+    // The workspace's mistakes are pointed at in the workspace's manifest.
+    let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nseed = -1\n");
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert_eq!(err.file(), fx.path("Cargo.toml"));
+    assert_mentions(&err, &["Cargo.toml:5:8`", "`workspace.metadata.promptgen.seed` = -1"]);
+
+    // What is not in a file has no location.
+    let fx = Fixture::new();
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    let err = load_err(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "x")]);
+    assert_eq!(err.location(), None);
+}
+
+#[test]
+fn max_steps_is_the_old_name_of_max_model_calls() {
+    let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nmax_steps = 5\n");
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    assert_eq!(load(&manifest, &Overrides::default(), NONE).steps[0].max_model_calls, 5);
+    let manifest = fx.package(&one_step("model = \"m\"\nmax_steps = 6", ""));
+    assert_eq!(load(&manifest, &Overrides::default(), NONE).steps[0].max_model_calls, 6);
+    let manifest = fx.package(&one_step("model = \"m\"\nmax_steps = 6", "max_steps = 7"));
+    assert_eq!(load(&manifest, &Overrides::default(), NONE).steps[0].max_model_calls, 7);
+
+    // The old name is checked like the new one, and named as written.
+    let manifest = fx.package(&one_step("model = \"m\"", "max_steps = 0"));
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_steps` = 0", "at least 1"]);
+
+    // Both names in one table: an error naming both, at the second.
+    for (chain, step, table, at) in [
+        ("model = \"m\"\nmax_steps = 6\nmax_model_calls = 7", "", "package.metadata.promptgen", "8:1"),
+        ("model = \"m\"", "max_model_calls = 7\nmax_steps = 6", "package.metadata.promptgen.steps[0]", "12:1"),
+    ] {
+        let manifest = fx.package(&one_step(chain, step));
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        assert!(matches!(err, ConfigError::SetTwice { .. }), "{err:?}");
+        assert_mentions(&err, &[&format!("`{table}.max_model_calls`"), &format!("`{table}.max_steps`"), "old name"]);
+        assert_eq!(err.location().map(|l| l.to_string()).as_deref(), Some(at), "{err}");
+        assert_eq!(err.key(), Some(format!("{table}.max_model_calls").as_str()));
+    }
+}
+
+// ---- which workspace a package belongs to ----
+
+/// Writes `files` (path, text) under `root`, with a `src/lib.rs` beside each `Cargo.toml` that
+/// declares a package and the prompt its chain names, so that cargo accepts them too.
+fn layout(root: &Path, files: &[(&str, &str)]) {
+    for (rel, text) in files {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        if text.contains("[package]") {
+            let dir = path.parent().unwrap();
+            std::fs::create_dir_all(dir.join("src")).unwrap();
+            std::fs::write(dir.join("src/lib.rs"), "").unwrap();
+            std::fs::write(dir.join("01.md"), "Write it.").unwrap();
+        }
+    }
+}
+
+/// A package `name` with a one-step chain, `package_extra` in its `[package]` table and
+/// `chain` in its chain's.
+fn member(name: &str, package_extra: &str, chain: &str) -> String {
+    format!(
+        "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\n{package_extra}\n\n[package.metadata.promptgen]\n{chain}\n\n\
+         [[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"01.md\"\n"
+    )
+}
+
+/// What `cargo metadata` says the workspace root of the package at `manifest` is.
+fn cargo_workspace_root(manifest: &Path) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline", "--manifest-path"])
+        .arg(manifest)
+        .output()
+        .expect("run cargo metadata");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    PathBuf::from(json["workspace_root"].as_str().unwrap())
+}
+
+/// Loads the package at `manifest`, checks that its workspace root is cargo's, and that being
+/// told cargo's root gives the same chain.
+fn load_like_cargo(manifest: &Path) -> Chain {
+    let chain = load(manifest, &Overrides::default(), NONE);
+    let ours = chain.workspace_root.clone().unwrap_or_else(|| chain.package_dir.clone());
+    let cargo = cargo_workspace_root(manifest);
+    assert_eq!(std::fs::canonicalize(&ours).unwrap(), std::fs::canonicalize(&cargo).unwrap(), "{}", manifest.display());
+    let told = Overrides { workspace_root: Some(cargo), ..Overrides::default() };
+    assert_eq!(load(manifest, &told, NONE), chain, "told cargo's root: {}", manifest.display());
+    chain
+}
+
+#[test]
+fn a_package_excluded_from_the_nearest_workspace_belongs_to_the_next_one_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    layout(
+        root,
+        &[
+            (
+                "Cargo.toml",
+                "[workspace]\nmembers = [\"inner/nested\"]\n\n[workspace.package]\nedition = \"2021\"\n\n\
+                 [workspace.metadata.promptgen]\nmodel = \"outer\"\n",
+            ),
+            (
+                "inner/Cargo.toml",
+                "[workspace]\nexclude = [\"nested\"]\n\n[workspace.package]\nedition = \"2018\"\n\n\
+                 [workspace.metadata.promptgen]\nmodel = \"inner\"\n",
+            ),
+            ("inner/nested/Cargo.toml", &member("nested", "edition.workspace = true", "")),
+        ],
+    );
+    let chain = load_like_cargo(&root.join("inner/nested/Cargo.toml"));
+    assert_eq!(chain.workspace_root, Some(root.to_path_buf()));
+    assert_eq!((chain.steps[0].model.as_str(), chain.steps[0].model_origin), ("outer", Origin::Workspace));
+    assert_eq!(chain.edition, "2021");
+}
+
+#[test]
+fn an_excluded_package_without_another_workspace_inherits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let workspace = "[workspace]\nmembers = []\nexclude = [\"nested\"]\n\n[workspace.package]\nedition = \"2018\"\n\n\
+                     [workspace.metadata.promptgen]\nmodel = \"ws\"\n";
+    layout(root, &[("Cargo.toml", workspace), ("nested/Cargo.toml", &member("nested", "edition = \"2021\"", ""))]);
+    let manifest = root.join("nested/Cargo.toml");
+    assert_eq!(cargo_workspace_root(&manifest), root.join("nested"));
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::MissingModel { .. }), "not the excluding workspace's model: {err:?}");
+
+    layout(root, &[("nested/Cargo.toml", &member("nested", "edition = \"2021\"", "model = \"own\""))]);
+    let chain = load_like_cargo(&manifest);
+    assert_eq!((chain.workspace_root, chain.edition.as_str()), (None, "2021"));
+
+    // A `members` glob does not win over `exclude`; the path itself does.
+    layout(root, &[("Cargo.toml", &workspace.replace("members = []", "members = [\"nest*\"]"))]);
+    assert_eq!(load_like_cargo(&manifest).workspace_root, None);
+    layout(root, &[("Cargo.toml", &workspace.replace("members = []", "members = [\"nested\"]"))]);
+    assert_eq!(load_like_cargo(&manifest).workspace_root, Some(root.to_path_buf()));
+}
+
+#[test]
+fn package_workspace_names_the_root_over_a_nearer_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    layout(
+        root,
+        &[
+            (
+                "ws/Cargo.toml",
+                "[workspace]\nmembers = [\"../pkgs/a\"]\n\n[workspace.metadata.promptgen]\nmodel = \"pointed\"\n",
+            ),
+            ("pkgs/a/Cargo.toml", &member("a", "edition = \"2021\"\nworkspace = \"../../ws\"", "")),
+            ("Cargo.toml", "[workspace]\nmembers = []\n\n[workspace.metadata.promptgen]\nmodel = \"nearest\"\n"),
+        ],
+    );
+    let chain = load_like_cargo(&root.join("pkgs/a/Cargo.toml"));
+    assert_eq!(chain.workspace_root, Some(root.join("ws")));
+    assert_eq!(chain.steps[0].model, "pointed");
+
+    // A root that is not one is an error at `package.workspace`.
+    layout(root, &[("pkgs/a/Cargo.toml", &member("a", "workspace = \"../..\"", "model = \"m\""))]);
+    std::fs::write(root.join("Cargo.toml"), "[package]\nname = \"top\"\n").unwrap();
+    let err = load_err(&root.join("pkgs/a/Cargo.toml"), &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert_mentions(&err, &["pkgs/a/Cargo.toml:4:13`", "`package.workspace` = \"../..\"", "no `[workspace]` table"]);
+    layout(root, &[("pkgs/a/Cargo.toml", &member("a", "workspace = \"../nowhere\"", "model = \"m\""))]);
+    let err = load_err(&root.join("pkgs/a/Cargo.toml"), &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::FileNotFound { .. }), "{err:?}");
+    assert_mentions(&err, &["`package.workspace`", "workspace root's manifest", "does not exist"]);
+}
+
+#[test]
+fn a_plain_member_and_a_package_without_workspace_agree_with_cargo() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    layout(
+        root,
+        &[
+            ("ws/Cargo.toml", "[workspace]\nmembers = [\"crates/*\"]\n\n[workspace.package]\nedition = \"2024\"\n"),
+            ("ws/crates/a/Cargo.toml", &member("a", "edition.workspace = true", "model = \"m\"")),
+            ("lone/Cargo.toml", &member("lone", "", "model = \"m\"")),
+        ],
+    );
+    let chain = load_like_cargo(&root.join("ws/crates/a/Cargo.toml"));
+    assert_eq!((chain.workspace_root, chain.edition.as_str()), (Some(root.join("ws")), "2024"));
+    let chain = load_like_cargo(&root.join("lone/Cargo.toml"));
+    assert_eq!((chain.workspace_root, chain.edition.as_str()), (None, "2015"));
+}
+
+#[test]
+fn a_path_that_cannot_be_looked_at_says_why_not_that_it_does_not_exist() {
+    let fx = Fixture::new();
+    // A path through a regular file: the OS says "not a directory" (ENOTDIR), which works
+    // for root too, unlike a folder without permissions.
+    let cases = [
+        ("prompt = \"../prompts/01.md/x.md\"", "steps[0].prompt", "prompts/01.md/x.md", "prompt of step `01`"),
+        ("system_prompt = \"src/lib.rs/x.md\"", "steps[0].system_prompt", "pkg/src/lib.rs/x.md", "system prompt"),
+        ("inputs = [\"src/domain.rs/x\"]", "steps[0].inputs[0]", "pkg/src/domain.rs/x", "input of step `01`"),
+    ];
+    for (line, key, resolved, what) in cases {
+        let text = if line.starts_with("prompt") {
+            format!(
+                "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n{line}\n"
+            )
+        } else {
+            one_step("model = \"m\"", line)
+        };
+        let manifest = fx.package(&text);
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        assert!(matches!(err, ConfigError::Unreadable { .. }), "{line}: {err:?}");
+        let resolved = fx.path(resolved).display().to_string();
+        assert_mentions(&err, &[&format!("package.metadata.promptgen.{key}`"), &resolved, what, "Not a directory"]);
+        assert!(!err.to_string().contains("does not exist"), "{err}");
+        assert!(err.location().is_some(), "{err}");
+        let source = std::error::Error::source(&err).expect("the I/O error is the source");
+        assert!(source.to_string().contains("Not a directory"), "{source}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_it() {
+    use std::os::unix::fs::symlink;
+    let fx = Fixture::new();
+    symlink(fx.path("pkg/prompts"), fx.path("pkg/src/local")).unwrap();
+    let manifest = fx.package(&one_step("model = \"m\"", "inputs = [\"src\"]"));
+    let chain = load(&manifest, &Overrides::default(), NONE);
+    // Regression: the fingerprint read the link to a folder as a file ("Is a directory").
+    let fingerprint = cargo_promptgen::plan::fingerprint(&chain, &chain.steps[0], None).unwrap();
+    let hashed: Vec<&str> = fingerprint.inputs.keys().map(String::as_str).collect();
+    assert_eq!(hashed, ["src/domain.rs", "src/lib.rs", "src/local/local.md"]);
+
+    // A link out of the package: refused when the chain is loaded, naming the link and its
+    // target...
+    symlink(fx.path("prompts/shared"), fx.path("pkg/src/outside")).unwrap();
+    let err = load_err(&manifest, &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::InputLink { .. }), "{err:?}");
+    assert_mentions(
+        &err,
+        &["Cargo.toml:11:11`", "`package.metadata.promptgen.steps[0].inputs[0]`", "src/outside`", "prompts/shared`"],
+    );
+    assert_mentions(&err, &["outside", "pkg`"]);
+    // ... and by the fingerprint of a chain loaded before it appeared, as the step's error.
+    let err = cargo_promptgen::plan::fingerprint(&chain, &chain.steps[0], None).unwrap_err();
+    assert!(matches!(err, cargo_promptgen::Error::Sandbox { .. }), "{err:?}");
+    assert!(err.to_string().contains("src/outside`"), "{err}");
 }

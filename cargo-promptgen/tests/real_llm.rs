@@ -21,7 +21,7 @@ use codegen_core::chat::Message;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript};
 use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
-use support::{run, text, Package};
+use support::{Package, run, text};
 
 const WHY: &str = "needs a real llama.cpp server: run scripts/real-llm.sh";
 
@@ -77,7 +77,7 @@ fn backend(url: &str) -> Box<dyn codegen_core::backend::Backend> {
 }
 
 /// Runs one step in `dir/out`, and checks that nothing appeared in `dir` outside it.
-fn one_step(protocol: ToolProtocol, max_steps: u32) -> (tempfile::TempDir, Result<StepOutput, StepFailure>) {
+fn one_step(protocol: ToolProtocol, max_model_calls: u32) -> (tempfile::TempDir, Result<StepOutput, StepFailure>) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let mut sandbox = Sandbox::builder(&out).build().unwrap();
@@ -87,7 +87,7 @@ fn one_step(protocol: ToolProtocol, max_steps: u32) -> (tempfile::TempDir, Resul
         // (tried on llama-server with the tools in its template).
         "Save the text hello world to hello.txt.",
     );
-    step.protocol(protocol).seed(1).temperature(0.0).max_steps(max_steps);
+    step.protocol(protocol).seed(1).temperature(0.0).max_model_calls(max_model_calls);
     let result = step.run(backend(&server_url()).as_mut(), &mut sandbox);
     let outside: Vec<PathBuf> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).filter(|p| *p != out).collect();
@@ -127,7 +127,7 @@ fn assert_clean(result: &Result<StepOutput, StepFailure>) {
             panic!("{death}\n(the step failed with: {failure})");
         }
         assert!(matches!(failure.error, Error::BudgetExhausted { .. }), "unexpected failure: {failure}");
-        assert!(failure.to_string().contains("max_steps"), "{failure}");
+        assert!(failure.to_string().contains("max_model_calls"), "{failure}");
     }
 }
 
@@ -257,7 +257,7 @@ fn an_unknown_model_name_is_served_by_the_default_model() {
     let dir = tempfile::tempdir().unwrap();
     let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
     let mut step = Step::new("no-such-model-anywhere", "Say hello.");
-    step.protocol(ToolProtocol::Json).max_steps(2);
+    step.protocol(ToolProtocol::Json).max_model_calls(2);
     let result = step.run(backend(&server_url()).as_mut(), &mut sandbox);
     assert_clean(&result);
     assert!(transcript(&result).totals().prompt_tokens > 0);
@@ -273,10 +273,14 @@ fn a_prompt_over_the_context_window_is_a_clear_error_naming_what_to_change() {
     let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
     let long = "Here is a long input that the model must read. ".repeat(1200);
     let mut step = Step::new("smollm2", format!("{long}\nNow write hello.txt."));
-    step.protocol(ToolProtocol::Json).max_steps(2);
+    step.protocol(ToolProtocol::Json).max_model_calls(2);
     let started = Instant::now();
     let failure = step.run(backend(&server_url()).as_mut(), &mut sandbox).unwrap_err();
-    println!("MEASURE {} context overflow refused in {:.2}s: {failure}", server_kind(), started.elapsed().as_secs_f64());
+    println!(
+        "MEASURE {} context overflow refused in {:.2}s: {failure}",
+        server_kind(),
+        started.elapsed().as_secs_f64()
+    );
     match &failure.error {
         Error::Backend(BackendError::ContextOverflow { .. }) => {}
         other => panic!("expected a context overflow, got: {other}"),
@@ -292,7 +296,7 @@ backend = "openai"
 model = "smollm2"
 seed = 1
 temperature = 0.0
-max_steps = 4
+max_model_calls = 4
 protocol = "json"
 request_timeout_secs = 300
 max_output_tokens = 160
@@ -323,7 +327,7 @@ fn cargo_promptgen_records_a_real_run_and_the_next_run_calls_no_model() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("0 of 1 steps regenerated"), "{}", text(&out));
     } else {
         // A weak model may exhaust its budget: then the error says so and nothing is recorded.
-        assert!(String::from_utf8_lossy(&out.stderr).contains("max_steps"), "{}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("max_model_calls"), "{}", text(&out));
         assert!(!package.path("promptgen.lock").exists());
     }
 }
@@ -390,7 +394,7 @@ const TWO_STEPS: &str = r#"
 [package.metadata.promptgen]
 backend = "openai"
 model = "smollm2"
-max_steps = 3
+max_model_calls = 3
 protocol = "json"
 max_output_tokens = 64
 

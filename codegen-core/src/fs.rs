@@ -68,6 +68,19 @@ pub fn symlink_metadata(path: &Path) -> Result<std::fs::Metadata, FsError> {
     std::fs::symlink_metadata(path).map_err(|e| FsError::new("inspect", path, e))
 }
 
+/// Metadata of what `path` leads to (a symlink is followed).
+pub fn metadata(path: &Path) -> Result<std::fs::Metadata, FsError> {
+    std::fs::metadata(path).map_err(|e| FsError::new("inspect", path, e))
+}
+
+/// The names in the folder `path`, sorted.
+pub fn read_dir_names(path: &Path) -> Result<Vec<std::ffi::OsString>, FsError> {
+    let names = std::fs::read_dir(path).and_then(|entries| entries.map(|e| e.map(|e| e.file_name())).collect());
+    let mut names: Vec<std::ffi::OsString> = names.map_err(|e| FsError::new("list folder", path, e))?;
+    names.sort();
+    Ok(names)
+}
+
 /// The absolute path with every symlink resolved.
 pub fn canonicalize(path: &Path) -> Result<PathBuf, FsError> {
     std::fs::canonicalize(path).map_err(|e| FsError::new("resolve", path, e))
@@ -133,7 +146,9 @@ fn write_through_temporary(path: &Path, bytes: &[u8], flush: bool) -> Result<(),
         _ => default_permissions(),
     };
     if let Some(permissions) = permissions {
-        tmp.as_file().set_permissions(permissions).map_err(|e| FsError::new("set the permissions of", tmp.path(), e))?;
+        tmp.as_file()
+            .set_permissions(permissions)
+            .map_err(|e| FsError::new("set the permissions of", tmp.path(), e))?;
     }
     if flush {
         tmp.as_file().sync_all().map_err(|e| FsError::new("flush", tmp.path(), e))?;
@@ -179,10 +194,18 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644, "not the temporary file's 0600");
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o644,
+                "not the temporary file's 0600"
+            );
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
             assert!(write_if_changed(&path, b"three").unwrap());
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640, "an existing mode is kept");
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o640,
+                "an existing mode is kept"
+            );
         }
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("a.rs")]);

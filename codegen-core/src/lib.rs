@@ -37,7 +37,7 @@
 //! )
 //! .seed(123)
 //! .temperature(0.0)
-//! .max_steps(8)
+//! .max_model_calls(8)
 //! .protocol(ToolProtocol::Native)
 //! .expect_output("view.rs")
 //! .run(backend.as_mut(), &mut sandbox)?;
@@ -108,7 +108,7 @@
 //! A malformed call (bad JSON, unknown tool, missing argument, a path the sandbox refuses,
 //! `finish` while a declared output is missing) is answered with the exact problem and what
 //! is allowed, and the model tries again. Each such *repair* is recorded and counts against
-//! `max_steps`. Only running out of budget, or a server that cannot be used, fails a step.
+//! `max_model_calls`. Only running out of budget, or a server that cannot be used, fails a step.
 //! No model output makes this crate panic.
 //!
 //! # Modules
@@ -127,4 +127,4 @@ pub mod transcript;
 
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;
-pub use run::{run_prompt, Error, Step, StepFailure, StepOutput};
+pub use run::{Error, Step, StepFailure, StepOutput, run_prompt};

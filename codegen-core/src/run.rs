@@ -4,16 +4,14 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::{Backend, BackendError, ChatRequest};
-use crate::check::{Check, CheckError, CheckOutcome};
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
+use crate::check::{Check, CheckError, CheckOutcome};
+use crate::protocol::ToolProtocol;
 use crate::protocol::blocks::{self, BlockCommand};
 use crate::protocol::text::{self, TextCalls};
-use crate::protocol::ToolProtocol;
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::tools::{self, ToolOutcome};
-use crate::transcript::{
-    CallSource, CallVolatile, EndOutcome, EndVolatile, Event, StartVolatile, Transcript,
-};
+use crate::transcript::{CallSource, CallVolatile, EndOutcome, EndVolatile, Event, StartVolatile, Transcript};
 
 /// One prompt to run: the model, its sampling settings, its budget and its contract.
 ///
@@ -23,7 +21,7 @@ use crate::transcript::{
 /// ```no_run
 /// # use codegen_core::{Step, ToolProtocol};
 /// let mut step = Step::new("qwen2.5-coder:7b", "Write the file hello.rs ...");
-/// step.seed(123).temperature(0.0).max_steps(8).protocol(ToolProtocol::Native);
+/// step.seed(123).temperature(0.0).max_model_calls(8).protocol(ToolProtocol::Native);
 /// step.expect_output("hello.rs");
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +31,7 @@ pub struct Step {
     pub(crate) system_prompt: Option<String>,
     pub(crate) seed: Option<u64>,
     pub(crate) temperature: Option<f64>,
-    pub(crate) max_steps: u32,
+    pub(crate) max_model_calls: u32,
     pub(crate) protocol: ToolProtocol,
     pub(crate) outputs: Vec<String>,
     pub(crate) check_rounds: u32,
@@ -41,13 +39,13 @@ pub struct Step {
 
 impl Step {
     /// Model calls a step may make when nothing else is said, repairs included.
-    pub const DEFAULT_MAX_STEPS: u32 = 8;
+    pub const DEFAULT_MAX_MODEL_CALLS: u32 = 8;
 
     /// Failed checks a step may answer with a repair round before it fails.
     pub const DEFAULT_CHECK_ROUNDS: u32 = 3;
 
     /// A step that sends `prompt` to `model`, with the defaults: no system prompt of the
-    /// user's, the server's default seed and temperature, [`Step::DEFAULT_MAX_STEPS`] model
+    /// user's, the server's default seed and temperature, [`Step::DEFAULT_MAX_MODEL_CALLS`] model
     /// calls, the [`ToolProtocol::Native`] protocol, and no declared outputs.
     pub fn new(model: impl Into<String>, prompt: impl Into<String>) -> Step {
         Step {
@@ -56,7 +54,7 @@ impl Step {
             system_prompt: None,
             seed: None,
             temperature: None,
-            max_steps: Step::DEFAULT_MAX_STEPS,
+            max_model_calls: Step::DEFAULT_MAX_MODEL_CALLS,
             protocol: ToolProtocol::Native,
             outputs: Vec::new(),
             check_rounds: Step::DEFAULT_CHECK_ROUNDS,
@@ -82,8 +80,8 @@ impl Step {
     }
 
     /// The budget of model calls, repairs included. Reaching it is an error.
-    pub fn max_steps(&mut self, max_steps: u32) -> &mut Step {
-        self.max_steps = max_steps;
+    pub fn max_model_calls(&mut self, max_model_calls: u32) -> &mut Step {
+        self.max_model_calls = max_model_calls;
         self
     }
 
@@ -101,7 +99,7 @@ impl Step {
     }
 
     /// How many times a failing [`Check`] is sent back to the model before the step fails
-    /// (each round also counts against `max_steps`).
+    /// (each round also counts against `max_model_calls`).
     pub fn check_rounds(&mut self, rounds: u32) -> &mut Step {
         self.check_rounds = rounds;
         self
@@ -207,12 +205,12 @@ pub enum Error {
     #[error(transparent)]
     Backend(#[from] BackendError),
     /// The budget of model calls ran out.
-    #[error("the step used all {max_steps} model calls of its budget (`max_steps`) without finishing{}{}\nRaise `max_steps`, make the prompt more explicit, or try another protocol; the transcript shows each turn.",
+    #[error("the step used all {max_model_calls} model calls of its budget (`max_model_calls`) without finishing{}{}\nRaise `max_model_calls`, make the prompt more explicit, or try another protocol; the transcript shows each turn.",
         missing_text(missing_outputs),
         last_problem.as_deref().map(|p| format!("; the last problem told to the model was: {p}")).unwrap_or_default())]
     BudgetExhausted {
         /// The budget.
-        max_steps: u32,
+        max_model_calls: u32,
         /// Declared outputs that were still missing.
         missing_outputs: Vec<String>,
         /// The last repair the model was given, if any.
@@ -237,11 +235,7 @@ pub enum Error {
 }
 
 fn missing_text(missing: &[String]) -> String {
-    if missing.is_empty() {
-        String::new()
-    } else {
-        format!("; still missing: {}", missing.join(", "))
-    }
+    if missing.is_empty() { String::new() } else { format!("; still missing: {}", missing.join(", ")) }
 }
 
 /// The state of one run of a [`Step`].
@@ -326,7 +320,7 @@ impl<'a> Run<'a> {
             protocol: self.step.protocol,
             seed: self.step.seed,
             temperature: self.step.temperature,
-            max_steps: self.step.max_steps,
+            max_model_calls: self.step.max_model_calls,
             volatile: Some(StartVolatile { location: self.backend.location() }),
         });
         let system = self.system_prompt();
@@ -355,18 +349,15 @@ impl<'a> Run<'a> {
 
     fn drive(&mut self) -> Result<Turn, Error> {
         loop {
-            if self.model_calls >= self.step.max_steps {
+            if self.model_calls >= self.step.max_model_calls {
                 return Err(Error::BudgetExhausted {
-                    max_steps: self.step.max_steps,
+                    max_model_calls: self.step.max_model_calls,
                     missing_outputs: self.missing_outputs(),
                     last_problem: self.last_problem.clone(),
                 });
             }
-            let specs: Vec<ToolSpec> = if self.protocol == ToolProtocol::Native {
-                tools::specs_for(self.check.is_some())
-            } else {
-                Vec::new()
-            };
+            let specs: Vec<ToolSpec> =
+                if self.protocol == ToolProtocol::Native { tools::specs_for(self.check.is_some()) } else { Vec::new() };
             let request = ChatRequest {
                 model: &self.step.model,
                 messages: &self.history,
@@ -579,7 +570,9 @@ impl<'a> Run<'a> {
             ToolProtocol::Json => {
                 "Answer with a JSON object such as {\"tool\": \"write_file\", \"arguments\": {\"path\": ..., \"content\": ...}}."
             }
-            ToolProtocol::Blocks => "Write each missing file between @@@write_begin(path) and @@@write_end, then @@@done.",
+            ToolProtocol::Blocks => {
+                "Write each missing file between @@@write_begin(path) and @@@write_end, then @@@done."
+            }
         }
     }
 

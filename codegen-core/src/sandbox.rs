@@ -38,7 +38,15 @@
 //! One that leads outside is refused for reading and writing and left out of listings. A write
 //! through a link that stays inside writes the file it points to; missing folders are created
 //! one at a time, each checked, and the folder written into is verified to be inside the
-//! output root just before the write.
+//! output root just before the write. Links to folders are listed through only in input
+//! folders, and only with [`SandboxBuilder::links_within`].
+//!
+//! [`SandboxBuilder::links_within`] widens the rule for input folders: their links may also
+//! lead anywhere inside a given folder (the package's), and every link in them is checked
+//! when the sandbox is built, so that a link that leads elsewhere, to nothing, or to a folder
+//! that holds it is the user's error ([`SandboxError::InputLink`]) before the model runs.
+//! [`input_files`] walks an input folder by the same rule, for tools that hash what a model
+//! can read.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -73,19 +81,37 @@ pub struct SandboxBuilder {
     output_root: PathBuf,
     inputs: Vec<(String, PathBuf)>,
     limits: Limits,
+    links_within: Option<PathBuf>,
 }
 
 impl SandboxBuilder {
     /// Starts a sandbox whose writable output root is `output_root` (created by
     /// [`build`](SandboxBuilder::build) if missing).
     pub fn new(output_root: impl Into<PathBuf>) -> SandboxBuilder {
-        SandboxBuilder { output_root: output_root.into(), inputs: Vec::new(), limits: Limits::default() }
+        SandboxBuilder {
+            output_root: output_root.into(),
+            inputs: Vec::new(),
+            limits: Limits::default(),
+            links_within: None,
+        }
     }
 
     /// Mounts the real file or folder `real_path` read-only at `virtual_path` (a relative,
     /// forward-slash path such as `src/domain.rs` or `src`).
     pub fn input(mut self, virtual_path: impl Into<String>, real_path: impl Into<PathBuf>) -> SandboxBuilder {
         self.inputs.push((virtual_path.into(), real_path.into()));
+        self
+    }
+
+    /// Lets symbolic links inside the input folders lead anywhere inside `folder` (the
+    /// package's folder, say), besides inside their own input folder. [`build`](Self::build)
+    /// then checks every link in the input folders and refuses one that leads anywhere else,
+    /// to nothing, or to a folder that holds it ([`SandboxError::InputLink`]), and the model
+    /// sees the files of linked folders where the links put them. Without it, a link may only
+    /// lead inside its own input folder (the model is refused one that does not), and linked
+    /// folders are not listed.
+    pub fn links_within(mut self, folder: impl Into<PathBuf>) -> SandboxBuilder {
+        self.links_within = Some(folder.into());
         self
     }
 
@@ -145,8 +171,14 @@ impl SandboxBuilder {
         }
         // Most specific first, so the first mount that claims a path is the one that owns it.
         mounts.sort_by_key(|m| std::cmp::Reverse(m.comps.len()));
+        let links_within = self.links_within.as_deref().map(cfs::canonicalize).transpose()?;
+        if let Some(within) = &links_within {
+            for mount in mounts.iter().filter(|m| m.is_dir) {
+                input_files(&mount.real, Some(within))?;
+            }
+        }
 
-        Ok(Sandbox { output_root, mounts, limits: self.limits, written: Vec::new() })
+        Ok(Sandbox { output_root, mounts, limits: self.limits, written: Vec::new(), links_within })
     }
 }
 
@@ -159,6 +191,8 @@ pub struct Sandbox {
     mounts: Vec<Mount>,
     limits: Limits,
     written: Vec<String>,
+    /// Canonical: see [`SandboxBuilder::links_within`].
+    links_within: Option<PathBuf>,
 }
 
 /// What [`Sandbox::write_file`] did.
@@ -224,6 +258,16 @@ pub enum SandboxError {
         /// The real path as declared.
         real_path: PathBuf,
     },
+    /// A symbolic link in an input folder leads where the model may not follow it.
+    #[error("the symbolic link `{}` leads to `{}`, {reason}", link.display(), target.display())]
+    InputLink {
+        /// The link.
+        link: PathBuf,
+        /// Where it leads (as written in the link when that does not exist).
+        target: PathBuf,
+        /// Why it cannot be followed, and what to do instead.
+        reason: String,
+    },
     /// An input's real path is neither a file nor a folder (a device, a socket, a pipe).
     #[error("the input `{virtual_path}` refers to `{}`, which is neither a file nor a folder", real_path.display())]
     UnsupportedInput {
@@ -247,8 +291,10 @@ struct Mount {
 /// The root a virtual path lies in: the output root or one input.
 #[derive(Clone, Copy)]
 struct Area<'a> {
-    /// Canonical; nothing may resolve outside it.
+    /// Canonical; nothing may resolve outside it (or outside `bound`).
     root: &'a Path,
+    /// Canonical: where the links of an input folder may also lead.
+    bound: Option<&'a Path>,
     /// The virtual path of `root`.
     base: &'a [String],
     mount: Option<&'a Mount>,
@@ -265,6 +311,11 @@ impl Area<'_> {
     /// The virtual path of `rest` under this area.
     fn virtual_of(&self, rest: &[String]) -> String {
         self.base.iter().chain(rest).map(String::as_str).collect::<Vec<_>>().join("/")
+    }
+
+    /// How far links may lead from this area, for a walk that leaves out what it cannot list.
+    fn reach(&self) -> Reach<'_> {
+        Reach { root: self.root, bound: self.bound, follow_folders: self.bound.is_some(), strict: false }
     }
 
     fn same(&self, other: &Area<'_>) -> bool {
@@ -326,15 +377,17 @@ impl Sandbox {
         let area = self.locate(&comps);
         let rest = comps.get(area.base.len()..).unwrap_or_default();
         if let Some(m) = area.mount
-            && !m.is_dir && !rest.is_empty() {
-                return Err(refusal(
-                    vpath,
-                    format!(
-                        "no such file: `{}` is a file, not a folder; call list_files to see the files you can read",
-                        m.virtual_path
-                    ),
-                ));
-            }
+            && !m.is_dir
+            && !rest.is_empty()
+        {
+            return Err(refusal(
+                vpath,
+                format!(
+                    "no such file: `{}` is a file, not a folder; call list_files to see the files you can read",
+                    m.virtual_path
+                ),
+            ));
+        }
         let resolved = resolve(&area, rest, &vpath)?;
         if !resolved.missing.is_empty() {
             return Err(self.missing_refusal(&vpath, &comps));
@@ -480,7 +533,7 @@ impl Sandbox {
         let mut found = comps.is_empty();
 
         for m in &self.mounts {
-            let area = Area { root: &m.real, base: &m.comps, mount: Some(m) };
+            let area = self.mount_area(m);
             if m.comps.starts_with(&comps) {
                 // The mount is the folder asked for, or lies under it.
                 if !m.is_dir {
@@ -580,7 +633,11 @@ impl Sandbox {
     }
 
     fn output_area(&self) -> Area<'_> {
-        Area { root: &self.output_root, base: &[], mount: None }
+        Area { root: &self.output_root, bound: None, base: &[], mount: None }
+    }
+
+    fn mount_area<'a>(&'a self, m: &'a Mount) -> Area<'a> {
+        Area { root: &m.real, bound: self.links_within.as_deref(), base: &m.comps, mount: Some(m) }
     }
 
     /// The area that owns `comps` when reading: the most specific mount the path equals or
@@ -589,7 +646,7 @@ impl Sandbox {
         self.mounts
             .iter()
             .find(|m| comps.starts_with(&m.comps))
-            .map(|m| Area { root: &m.real, base: &m.comps, mount: Some(m) })
+            .map(|m| self.mount_area(m))
             .unwrap_or_else(|| self.output_area())
     }
 
@@ -692,39 +749,13 @@ impl Sandbox {
     /// Adds the files under `start` (canonical, inside `area`) to `out` as virtual paths under
     /// `vstart`.
     fn walk(&self, area: &Area<'_>, start: &Path, vstart: &[String], out: &mut BTreeSet<String>) {
-        let start_rel = real_rel(area.root, start);
-        let names = |path: &Path| -> Option<(Vec<String>, Vec<String>)> {
-            let rel = entry_comps(path, start)?;
-            let vcomps: Vec<String> = vstart.iter().chain(&rel).cloned().collect();
-            let rcomps: Vec<String> = start_rel.iter().chain(&rel).cloned().collect();
-            Some((vcomps, rcomps))
-        };
-        let walker = WalkDir::new(start).follow_links(false).min_depth(1).into_iter().filter_entry(|entry| {
-            if !entry.file_type().is_dir() {
-                return true;
+        let mut found = Vec::new();
+        // Not strict: what cannot be listed is left out.
+        let _ = area.reach().walk(start, &mut vstart.to_vec(), &mut vec![start.to_path_buf()], &mut found);
+        for (vcomps, _) in found {
+            if !self.is_virtual_folder(&vcomps) && self.locate(&vcomps).same(area) {
+                out.insert(vcomps.join("/"));
             }
-            match names(entry.path()) {
-                Some((v, r)) => protected_reason(&v, false).is_none() && protected_reason(&r, false).is_none(),
-                None => false,
-            }
-        });
-        for entry in walker.flatten() {
-            let Some((vcomps, rcomps)) = names(entry.path()) else { continue };
-            if protected_reason(&vcomps, true).is_some() || protected_reason(&rcomps, true).is_some() {
-                continue;
-            }
-            let file_type = entry.file_type();
-            let readable = if file_type.is_file() {
-                true
-            } else if file_type.is_symlink() {
-                link_to_file_inside(area.root, entry.path())
-            } else {
-                false
-            };
-            if !readable || self.is_virtual_folder(&vcomps) || !self.locate(&vcomps).same(area) {
-                continue;
-            }
-            out.insert(vcomps.join("/"));
         }
     }
 
@@ -733,9 +764,10 @@ impl Sandbox {
         let mut folders = BTreeSet::new();
         for m in &self.mounts {
             if (m.is_dir || m.comps.len() > 1)
-                && let Some(first) = m.comps.first() {
-                    folders.insert(first.clone());
-                }
+                && let Some(first) = m.comps.first()
+            {
+                folders.insert(first.clone());
+            }
         }
         for entry in WalkDir::new(&self.output_root).follow_links(false).min_depth(1).max_depth(1).into_iter().flatten()
         {
@@ -800,31 +832,136 @@ fn is_regular_file(path: &Path) -> bool {
     cfs::symlink_metadata(path).is_ok_and(|m| m.is_file())
 }
 
-/// Whether the symbolic link `link` resolves to a regular, unprotected file inside `root`.
-fn link_to_file_inside(root: &Path, link: &Path) -> bool {
-    match cfs::canonicalize(link) {
-        Ok(target) => {
-            target.starts_with(root)
-                && is_regular_file(&target)
-                && protected_reason(&real_rel(root, &target), true).is_none()
-        }
-        Err(_) => false,
-    }
+/// The files a model can read in the input folder `folder`, as a sandbox built with
+/// [`SandboxBuilder::links_within`]`(links_within)` mounts it: each as its path under
+/// `folder` (forward slashes) and its real, canonical path, sorted. Protected files, and
+/// names a model could not write, are left out.
+///
+/// Symbolic links are followed when they lead inside `folder` or inside `links_within`;
+/// any other link (one that leads elsewhere, to nothing, or to a folder that holds it) is an
+/// error naming the link and its target. Tools that hash what a model can read use this, so
+/// that they agree with the sandbox.
+pub fn input_files(folder: &Path, links_within: Option<&Path>) -> Result<Vec<(String, PathBuf)>, SandboxError> {
+    let root = cfs::canonicalize(folder)?;
+    let bound = links_within.map(cfs::canonicalize).transpose()?;
+    let reach = Reach { root: &root, bound: bound.as_deref(), follow_folders: true, strict: true };
+    let mut found = Vec::new();
+    reach.walk(&root, &mut Vec::new(), &mut vec![root.clone()], &mut found)?;
+    let mut files: Vec<(String, PathBuf)> = found.into_iter().map(|(comps, real)| (comps.join("/"), real)).collect();
+    files.sort();
+    Ok(files)
 }
 
-/// `path` relative to `start` as model-addressable names, or None if any name is not (not
-/// UTF-8, or breaking the path rules).
-fn entry_comps(path: &Path, start: &Path) -> Option<Vec<String>> {
-    let rel = path.strip_prefix(start).ok()?;
-    let mut comps = Vec::new();
-    for comp in rel.components() {
-        let name = comp.as_os_str().to_str()?;
-        if normalize(name).ok()?.as_slice() != [name] {
-            return None;
-        }
-        comps.push(name.to_owned());
+/// How far symbolic links may lead from a root, and how a walk treats them.
+#[derive(Clone, Copy)]
+struct Reach<'a> {
+    /// Canonical.
+    root: &'a Path,
+    /// Canonical: where links may also lead (see [`SandboxBuilder::links_within`]).
+    bound: Option<&'a Path>,
+    /// Whether a walk goes into linked folders (otherwise it leaves them out).
+    follow_folders: bool,
+    /// Whether a link that may not be followed, or a failure to read, stops a walk (otherwise
+    /// it is left out).
+    strict: bool,
+}
+
+impl Reach<'_> {
+    /// Whether a link may lead to the canonical path `target`.
+    fn allows(&self, target: &Path) -> bool {
+        target.starts_with(self.root) || self.bound.is_some_and(|b| target.starts_with(b))
     }
-    Some(comps)
+
+    /// The canonical `path` relative to the root it lies in, one string per component.
+    fn rel(&self, path: &Path) -> Vec<String> {
+        let root = if path.starts_with(self.root) { self.root } else { self.bound.unwrap_or(self.root) };
+        real_rel(root, path)
+    }
+
+    /// Adds the readable files under the canonical folder `dir`, whose virtual path is
+    /// `vcomps`, to `out`. `stack` holds the canonical folders the walk is in, to refuse a
+    /// link to one of them.
+    fn walk(
+        &self,
+        dir: &Path,
+        vcomps: &mut Vec<String>,
+        stack: &mut Vec<PathBuf>,
+        out: &mut Vec<(Vec<String>, PathBuf)>,
+    ) -> Result<(), SandboxError> {
+        let entries = match cfs::read_dir_names(dir) {
+            Ok(entries) => entries,
+            Err(e) if self.strict => return Err(e.into()),
+            Err(_) => return Ok(()),
+        };
+        for name in entries {
+            // Names the model could not give are not shown to it.
+            let Some(name) = name.to_str().filter(|n| normalize(n).ok().as_deref() == Some(&[n.to_string()][..]))
+            else {
+                continue;
+            };
+            vcomps.push(name.to_owned());
+            let result = self.visit(&dir.join(name), vcomps, stack, out);
+            vcomps.pop();
+            if let Err(e) = result
+                && self.strict
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn visit(
+        &self,
+        path: &Path,
+        vcomps: &mut Vec<String>,
+        stack: &mut Vec<PathBuf>,
+        out: &mut Vec<(Vec<String>, PathBuf)>,
+    ) -> Result<(), SandboxError> {
+        let meta = cfs::symlink_metadata(path)?;
+        // A link the model could never open (`.env`, `target`, ...) is left alone, wherever it leads.
+        if meta.file_type().is_symlink() && protected_reason(vcomps, false).is_some() {
+            return Ok(());
+        }
+        let (real, meta) = if meta.file_type().is_symlink() {
+            let bad = |target: PathBuf, reason: String| SandboxError::InputLink { link: path.into(), target, reason };
+            let target = match cfs::canonicalize(path) {
+                Ok(target) => target,
+                Err(_) => {
+                    let written = std::fs::read_link(path).unwrap_or_default();
+                    return Err(bad(written, "which does not exist".into()));
+                }
+            };
+            if !self.allows(&target) {
+                let within = self.bound.unwrap_or(self.root);
+                let reason = format!(
+                    "which is outside `{}`; a link in an input folder may only lead inside it (list the target as an input of its own, or copy it)",
+                    within.display()
+                );
+                return Err(bad(target, reason));
+            }
+            let meta = cfs::metadata(&target)?;
+            if meta.is_dir() && stack.contains(&target) {
+                return Err(bad(target, "a folder that holds the link, so the folder would never end".into()));
+            }
+            (target, meta)
+        } else {
+            (path.to_path_buf(), meta)
+        };
+        let is_file = meta.is_file();
+        if protected_reason(vcomps, is_file).is_some() || protected_reason(&self.rel(&real), is_file).is_some() {
+            return Ok(());
+        }
+        if is_file {
+            out.push((vcomps.clone(), real));
+        } else if meta.is_dir() && (real.as_path() == path || self.follow_folders) {
+            stack.push(real.clone());
+            let walked = self.walk(&real, vcomps, stack, out);
+            stack.pop();
+            walked?;
+        }
+        Ok(())
+    }
 }
 
 /// `path` relative to `root`, one string per component (empty when not under it).
@@ -862,7 +999,7 @@ fn resolve(area: &Area<'_>, rest: &[String], vpath: &str) -> Result<Resolved, Re
                 }
                 Err(e) => return Err(io_refusal(vpath, &e)),
             };
-            if !target.starts_with(area.root) {
+            if !area.reach().allows(&target) {
                 return Err(refusal(
                     vpath,
                     format!(
@@ -887,7 +1024,7 @@ fn check_real_protected(
     verb: &str,
     file: bool,
 ) -> Result<(), Refusal> {
-    let mut rel = real_rel(area.root, &resolved.path);
+    let mut rel = area.reach().rel(&resolved.path);
     rel.extend(resolved.missing.iter().cloned());
     match protected_reason(&rel, file) {
         Some(why) => Err(refusal(vpath, format!("leads to a protected path ({why}); it cannot be {verb}"))),
@@ -997,15 +1134,14 @@ fn protected_reason<S: AsRef<str>>(comps: &[S], last_is_file: bool) -> Option<&'
         }
         previous = Some(comp);
     }
-    if last_is_file
-        && let Some(name) = folded.last() {
-            if name.ends_with(".pem") {
-                return Some("`.pem` files hold keys and certificates");
-            }
-            if name.starts_with("id_") {
-                return Some("`id_*` files hold SSH keys");
-            }
+    if last_is_file && let Some(name) = folded.last() {
+        if name.ends_with(".pem") {
+            return Some("`.pem` files hold keys and certificates");
         }
+        if name.starts_with("id_") {
+            return Some("`id_*` files hold SSH keys");
+        }
+    }
     None
 }
 

@@ -40,7 +40,7 @@ pub enum Event {
         /// The sampling temperature.
         temperature: Option<f64>,
         /// The budget of model calls.
-        max_steps: u32,
+        max_model_calls: u32,
         /// Where the backend is (URL or script path).
         #[serde(skip_serializing_if = "Option::is_none")]
         volatile: Option<StartVolatile>,
@@ -180,7 +180,7 @@ pub enum Volatility {
 /// Sums over a transcript.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Totals {
-    /// Model calls made (each counts against `max_steps`).
+    /// Model calls made (each counts against `max_model_calls`).
     pub model_calls: u32,
     /// Prompt tokens, summed over the calls that reported them.
     pub prompt_tokens: u64,
@@ -243,9 +243,10 @@ impl Transcript {
         for event in &self.events {
             let mut value = serde_json::to_value(event).map_err(io::Error::other)?;
             if volatility == Volatility::Omit
-                && let Some(object) = value.as_object_mut() {
-                    object.remove("volatile");
-                }
+                && let Some(object) = value.as_object_mut()
+            {
+                object.remove("volatile");
+            }
             serde_json::to_writer(&mut *out, &value).map_err(io::Error::other)?;
             out.write_all(b"\n")?;
         }

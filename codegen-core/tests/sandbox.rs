@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use codegen_core::sandbox::{Limits, Refusal, Sandbox, SandboxError, WriteOutcome};
+use codegen_core::sandbox::{Limits, Refusal, Sandbox, SandboxError, WriteOutcome, input_files};
 
 /// A project with inputs in `pkg/` and an empty output root `out/`.
 struct Fixture {
@@ -492,5 +492,66 @@ mod symlinks {
         assert_mentions(&r, &["outside the read-only input `src`"]);
         assert_mentions(&refused(sandbox.read_file("src/up/private.txt")), &["outside the read-only input `src`"]);
         assert_eq!(sandbox.list_files(None).unwrap(), ["src/domain.rs", "src/model/user.rs"]);
+    }
+
+    #[test]
+    fn with_links_within_the_package_an_input_folder_follows_links_that_stay_inside_it() {
+        let f = fixture();
+        write(&f.pkg.join("private.txt"), "private");
+        write(&f.pkg.join("shared/types.rs"), "pub struct T;");
+        write(&f.pkg.join("shared/.env"), "SECRET=1");
+        symlink(f.pkg.join("private.txt"), f.pkg.join("src/peek.txt")).unwrap();
+        symlink(f.pkg.join("shared"), f.pkg.join("src/shared")).unwrap();
+        let sandbox = Sandbox::builder(&f.out).input("src", f.pkg.join("src")).links_within(&f.pkg).build().unwrap();
+        assert_eq!(sandbox.read_file("src/peek.txt").unwrap(), "private");
+        assert_eq!(sandbox.read_file("src/shared/types.rs").unwrap(), "pub struct T;");
+        assert_mentions(&refused(sandbox.read_file("src/shared/.env")), &["protected"]);
+        let listed = ["src/domain.rs", "src/model/user.rs", "src/peek.txt", "src/shared/types.rs"];
+        assert_eq!(sandbox.list_files(None).unwrap(), listed);
+        assert_eq!(sandbox.list_files(Some("src/shared")).unwrap(), ["src/shared/types.rs"]);
+
+        // What a model can read is what `input_files` walks, real paths resolved.
+        let files = input_files(&f.pkg.join("src"), Some(&f.pkg)).unwrap();
+        let paths: Vec<&str> = files.iter().map(|(path, _)| path.as_str()).collect();
+        assert_eq!(paths, ["domain.rs", "model/user.rs", "peek.txt", "shared/types.rs"]);
+        assert_eq!(files[3].1, fs::canonicalize(f.pkg.join("shared/types.rs")).unwrap());
+    }
+
+    #[test]
+    fn with_links_within_the_package_a_link_that_leaves_it_is_the_users_error() {
+        let f = fixture();
+        let outside = tempfile::tempdir().unwrap();
+        let src = fs::canonicalize(f.pkg.join("src")).unwrap();
+        let build = || Sandbox::builder(&f.out).input("src", f.pkg.join("src")).links_within(&f.pkg).build();
+        let link_error = |err: SandboxError| match err {
+            SandboxError::InputLink { link, target, reason } => (link, target, reason),
+            other => panic!("expected InputLink, got {other:?}"),
+        };
+
+        symlink(outside.path(), f.pkg.join("src/out")).unwrap();
+        let (link, target, reason) = link_error(build().unwrap_err());
+        assert_eq!((link, target), (src.join("out"), fs::canonicalize(outside.path()).unwrap()));
+        assert!(
+            reason.contains("outside") && reason.contains(&fs::canonicalize(&f.pkg).unwrap().display().to_string())
+        );
+        assert_eq!(input_files(&f.pkg.join("src"), Some(&f.pkg)).map_err(link_error).unwrap_err().0, src.join("out"));
+        fs::remove_file(f.pkg.join("src/out")).unwrap();
+
+        // A link to a folder that holds it would make an endless tree.
+        symlink(&f.pkg, f.pkg.join("src/up")).unwrap();
+        let (link, _, reason) = link_error(build().unwrap_err());
+        assert_eq!(link, src.join("up"));
+        assert!(reason.contains("never end"), "{reason}");
+        fs::remove_file(f.pkg.join("src/up")).unwrap();
+
+        // A link the model could never open is not judged.
+        symlink(outside.path(), f.pkg.join("src/target")).unwrap();
+        build().unwrap();
+        fs::remove_file(f.pkg.join("src/target")).unwrap();
+
+        symlink(f.pkg.join("nowhere"), f.pkg.join("src/gone")).unwrap();
+        let (link, target, reason) = link_error(build().unwrap_err());
+        assert_eq!((link, target), (src.join("gone"), f.pkg.join("nowhere")));
+        assert!(reason.contains("does not exist"), "{reason}");
     }
 }
