@@ -575,7 +575,7 @@ impl fmt::Display for Location {
 #[non_exhaustive]
 pub enum ConfigError {
     /// The manifest cannot be read.
-    #[error("cannot read `{}`: {source}", file.display())]
+    #[error("cannot read `{}`", file.display())]
     Read {
         /// The manifest.
         file: PathBuf,
@@ -711,7 +711,7 @@ pub enum ConfigError {
     },
     /// A file or folder the declaration names cannot be looked at, for another reason than
     /// not existing (permission denied, a path through a file, ...).
-    #[error("`{}:{at}`: `{key}`: cannot use the {what}, `{}`: {source}", file.display(), path.display())]
+    #[error("`{}:{at}`: `{key}`: cannot use the {what}, `{}`", file.display(), path.display())]
     Unreadable {
         /// The manifest.
         file: PathBuf,

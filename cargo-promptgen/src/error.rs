@@ -39,7 +39,7 @@ pub enum Error {
         reason: String,
     },
     /// A step failed; nothing was recorded for it.
-    #[error("step `{id}` failed: {source}\nThe lock, the stored outputs and the build's previous outputs are unchanged.")]
+    #[error("step `{id}` failed; nothing of it was recorded: the lock, the stored outputs and the build's previous outputs are unchanged")]
     Step {
         /// The step.
         id: String,
@@ -48,7 +48,7 @@ pub enum Error {
         source: Box<codegen_core::StepFailure>,
     },
     /// The backend could not be opened.
-    #[error("step `{id}`: {source}")]
+    #[error("step `{id}` could not open its backend")]
     Backend {
         /// The step.
         id: String,
@@ -57,7 +57,7 @@ pub enum Error {
         source: BackendError,
     },
     /// The sandbox for a step could not be set up.
-    #[error("step `{id}`: {source}")]
+    #[error("step `{id}` could not set up its sandbox")]
     Sandbox {
         /// The step.
         id: String,
@@ -107,8 +107,7 @@ impl fmt::Debug for Error {
     }
 }
 
-/// The error and those of its causes that its message does not already include, one per
-/// line (see [`codegen_core::error_with_causes`]).
+/// The error and each of its causes, one per line (see [`codegen_core::error_with_causes`]).
 pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
     codegen_core::error_with_causes(error, "\ncaused by: ")
 }

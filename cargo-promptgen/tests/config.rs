@@ -83,9 +83,9 @@ fn load_err(manifest: &Path, overrides: &Overrides, env: &[(&str, &str)]) -> Con
     }
 }
 
-/// The error's message contains every one of `parts`.
+/// The error as a user sees it (its message and causes) contains every one of `parts`.
 fn assert_mentions(err: &ConfigError, parts: &[&str]) {
-    let message = err.to_string();
+    let message = codegen_core::error_with_causes(err, "\ncaused by: ");
     for part in parts {
         assert!(message.contains(part), "message lacks {part:?}:\n{message}");
     }
@@ -1126,5 +1126,5 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     // ... and by the fingerprint of a chain loaded before it appeared, as the step's error.
     let err = cargo_promptgen::plan::fingerprint(&chain, &chain.steps[0], None).unwrap_err();
     assert!(matches!(err, cargo_promptgen::Error::Sandbox { .. }), "{err:?}");
-    assert!(err.to_string().contains("src/outside`"), "{err}");
+    assert!(cargo_promptgen::error::report(&err).contains("src/outside`"), "{err:?}");
 }

@@ -186,15 +186,26 @@ pub struct StepOutput {
     pub transcript: Transcript,
 }
 
-/// Why a step failed, and what it did up to then.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
+/// Why a step failed, and what it did up to then. It shows as its [`Error`], whose causes
+/// are its own.
+#[derive(Debug)]
 pub struct StepFailure {
     /// What went wrong.
-    #[source]
     pub error: Error,
     /// Everything recorded before the failure.
     pub transcript: Transcript,
+}
+
+impl std::fmt::Display for StepFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for StepFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
 }
 
 /// Why a step failed.
