@@ -127,67 +127,62 @@ struct Package {
 fn open(selection: &Selection, overrides: &Overrides) -> anyhow::Result<Package> {
     let metadata = cargo_metadata(selection.manifest_path.as_deref())?;
     let manifest = select_package(&metadata, selection)?;
-    let chain = config::load_from_env(&manifest, overrides)?;
-    let target = metadata["target_directory"].as_str().context("`cargo metadata` gave no target_directory")?;
-    let layout = Layout::new(&chain.package_dir, &chain.package_name, Path::new(target));
+    // cargo knows the workspace this package belongs to; config::load need not guess.
+    let overrides = Overrides { workspace_root: Some(metadata.workspace_root.clone().into()), ..overrides.clone() };
+    let chain = config::load_from_env(&manifest, &overrides)?;
+    let layout = Layout::new(&chain.package_dir, &chain.package_name, metadata.target_directory.as_std_path());
     Ok(Package { chain, layout })
 }
 
-fn cargo_metadata(manifest_path: Option<&Path>) -> anyhow::Result<serde_json::Value> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = std::process::Command::new(cargo);
-    command.args(["metadata", "--format-version", "1", "--no-deps", "--offline"]);
+/// `cargo metadata` of the workspace, without dependencies and without the network.
+fn cargo_metadata(manifest_path: Option<&Path>) -> anyhow::Result<cargo_metadata::Metadata> {
+    let mut command = cargo_metadata::MetadataCommand::new();
+    command.no_deps().other_options(vec!["--offline".to_string()]);
     if let Some(path) = manifest_path {
-        command.arg("--manifest-path").arg(path);
+        command.manifest_path(path);
     }
-    let output = command.output().context("could not run `cargo metadata`")?;
-    if !output.status.success() {
-        bail!("`cargo metadata` failed:\n{}", String::from_utf8_lossy(&output.stderr).trim());
-    }
-    serde_json::from_slice(&output.stdout).context("`cargo metadata` printed something that is not JSON")
+    command.exec().context("`cargo metadata` could not describe the workspace")
 }
 
-/// The manifest of the package to work on: `-p`, else `--manifest-path`, else the package
-/// whose folder holds the current directory, else the only package with a chain.
-fn select_package(metadata: &serde_json::Value, selection: &Selection) -> anyhow::Result<PathBuf> {
-    let packages: Vec<(&str, PathBuf, bool)> = metadata["packages"]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .filter_map(|p| {
-                    let has_chain = p["metadata"]["promptgen"].is_object();
-                    Some((p["name"].as_str()?, PathBuf::from(p["manifest_path"].as_str()?), has_chain))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+/// The manifest of the package to work on: `-p NAME[@VERSION]`, else `--manifest-path`, else
+/// the package whose folder holds the current directory, else the only package with a chain.
+fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) -> anyhow::Result<PathBuf> {
+    let members: Vec<&cargo_metadata::Package> = metadata.workspace_packages();
+    let manifest = |package: &cargo_metadata::Package| package.manifest_path.clone().into_std_path_buf();
     if let Some(spec) = &selection.package {
-        let name = spec.split('@').next().unwrap_or(spec);
-        return packages.iter().find(|(n, _, _)| *n == name).map(|(_, m, _)| m.clone()).with_context(|| {
-            let names: Vec<&str> = packages.iter().map(|(n, _, _)| *n).collect();
-            format!("no package `{name}` in this workspace; its packages are: {}", names.join(", "))
+        let (name, version) = match spec.split_once('@') {
+            Some((name, version)) => (name, Some(version)),
+            None => (spec.as_str(), None),
+        };
+        let found = members
+            .iter()
+            .find(|p| p.name.as_str() == name && version.is_none_or(|v| p.version.to_string() == v));
+        return found.map(|p| manifest(p)).with_context(|| {
+            let names: Vec<String> = members.iter().map(|p| format!("{}@{}", p.name, p.version)).collect();
+            format!("no package `{spec}` in this workspace; its packages are: {}", names.join(", "))
         });
     }
     if let Some(path) = &selection.manifest_path {
         let wanted = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-        if let Some((_, manifest, _)) = packages.iter().find(|(_, m, _)| *m == wanted) {
-            return Ok(manifest.clone());
+        if let Some(package) = members.iter().find(|p| manifest(p) == wanted) {
+            return Ok(manifest(package));
         }
     }
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
-    let nearest = packages
+    let nearest = members
         .iter()
-        .filter(|(_, m, _)| m.parent().is_some_and(|dir| cwd.starts_with(dir)))
-        .max_by_key(|(_, m, _)| m.as_os_str().len());
-    if let Some((_, manifest, _)) = nearest {
-        return Ok(manifest.clone());
+        .filter(|p| p.manifest_path.parent().is_some_and(|dir| cwd.starts_with(dir)))
+        .max_by_key(|p| p.manifest_path.as_str().len());
+    if let Some(package) = nearest {
+        return Ok(manifest(package));
     }
-    let with_chain: Vec<&(&str, PathBuf, bool)> = packages.iter().filter(|(_, _, c)| *c).collect();
+    let with_chain: Vec<&&cargo_metadata::Package> =
+        members.iter().filter(|p| p.metadata.get("promptgen").is_some_and(|v| v.is_object())).collect();
     match with_chain.as_slice() {
-        [(_, manifest, _)] => Ok(manifest.clone()),
+        [package] => Ok(manifest(package)),
         [] => bail!("no package in this workspace declares [package.metadata.promptgen]"),
         many => {
-            let names: Vec<&str> = many.iter().map(|(n, _, _)| *n).collect();
+            let names: Vec<&str> = many.iter().map(|p| p.name.as_str()).collect();
             bail!("several packages declare a prompt chain ({}); choose one with -p", names.join(", "))
         }
     }

@@ -502,3 +502,54 @@ fn a_step_removed_from_the_manifest_leaves_the_lock_and_is_reported() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(!stdout(&out).contains("warning"), "{}", text(&out));
 }
+
+/// `-p` takes `NAME` or `NAME@VERSION`, as cargo's does, and the workspace a package belongs
+/// to is the one `cargo metadata` reports: a package excluded from the workspace around it
+/// does not inherit that workspace's `[workspace.metadata.promptgen]`.
+#[test]
+fn packages_are_chosen_and_their_workspace_found_as_cargo_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        "Cargo.toml",
+        "[workspace]\nmembers = [\"member\"]\nexclude = [\"excluded\"]\n\n[workspace.metadata.promptgen]\nmodel = \"from-the-workspace\"\n",
+    );
+    let package = |name: &str| {
+        format!(
+            "[package]\nname = \"{name}\"\nversion = \"0.3.0\"\nedition = \"2021\"\n\n[package.metadata.promptgen]\n\n\
+             [[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"p.md\"\n"
+        )
+    };
+    for name in ["member", "excluded"] {
+        write(&format!("{name}/Cargo.toml"), &package(name));
+        write(&format!("{name}/src/lib.rs"), "");
+        write(&format!("{name}/p.md"), "Say hello.\n");
+    }
+    let promptgen = |args: &[&str], cwd: &str| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cargo-promptgen"));
+        command.arg("promptgen").args(args).current_dir(dir.path().join(cwd));
+        for var in ["PROMPTGEN_MODEL", "PROMPTGEN_BACKEND", "CI"] {
+            command.env_remove(var);
+        }
+        command.env("CARGO_TARGET_DIR", dir.path().join("target"));
+        run(&mut command)
+    };
+    // The member inherits the workspace's model, chosen by name or by name@version.
+    for spec in ["member", "member@0.3.0"] {
+        let out = promptgen(&["status", "-p", spec], ".");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert!(stdout(&out).contains("from-the-workspace"), "{}", text(&out));
+    }
+    let out = promptgen(&["status", "-p", "member@9.9.9"], ".");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(stderr(&out).contains("no package `member@9.9.9`") && stderr(&out).contains("member@0.3.0"), "{}", text(&out));
+    // The excluded package is its own workspace: no model is inherited, and the error says so.
+    let out = promptgen(&["status"], "excluded");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("`package.metadata.promptgen.model` is missing") && !err.contains("from-the-workspace"), "{err}");
+}
