@@ -27,11 +27,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cargo_promptgen::Builder;
-use cargo_promptgen::config::{self, Chain, Overrides};
-use cargo_promptgen::layout::Layout;
-use cargo_promptgen::lock::{Lock, LockedFile, LockedStep, sha256_hex};
-use cargo_promptgen::plan::{self, Records};
-use cargo_promptgen::store::Files;
+use cargo_promptgen::__private::config::{self, Chain, Overrides};
+use cargo_promptgen::__private::layout::Layout;
+use cargo_promptgen::__private::lock::{Lock, LockedFile, LockedStep, sha256_hex};
+use cargo_promptgen::__private::plan::{self, Records};
+use cargo_promptgen::__private::store::Files;
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse};
 use codegen_core::chat::{Arguments, Message};
 use codegen_core::sandbox::Sandbox;
@@ -251,7 +251,7 @@ fn package(steps: usize) -> Package {
         lock.steps.push(entry);
     }
     lock.write(&layout.lock_path()).unwrap();
-    let report = cargo_promptgen::report::check(&chain, &layout).unwrap();
+    let report = cargo_promptgen::__private::report::check(&chain, &layout).unwrap();
     assert!(report.is_fresh() && report.unowned.is_empty(), "the generated package is not fresh: {report:?}");
     if std::env::var_os("PROMPTGEN_BENCH_KEEP").is_some() {
         // For looking at (or profiling) the package by hand: it outlives the run.
@@ -265,7 +265,7 @@ fn package_at(root: PathBuf, chain: Chain, layout: Layout, steps: usize) -> Pack
     Package { _dir: None, root, chain, layout, steps }
 }
 
-fn build_into(package: &Package, out: &Path) -> cargo_promptgen::build_script::BuildReport {
+fn build_into(package: &Package, out: &Path) -> cargo_promptgen::BuildReport {
     Builder::new()
         .manifest_dir(&package.root)
         .out_dir(out)
@@ -652,7 +652,7 @@ fn bytes_to_the_model() {
         for (step, recorded) in chain.steps.iter().zip(&assessed) {
             let work = tempfile::tempdir().unwrap();
             let root = work.path().join("tree");
-            cargo_promptgen::out_dir::sync_dir(&root, &tree).unwrap();
+            cargo_promptgen::__private::out_dir::sync_dir(&root, &tree).unwrap();
             let mut builder = Sandbox::builder(&root);
             for input in &step.inputs {
                 builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
@@ -675,7 +675,7 @@ fn bytes_to_the_model() {
             for output in &step.outputs {
                 core.expect_output(output.clone());
             }
-            let mut check = cargo_promptgen::check::check_for(&chain, step, &work.path().join("check"));
+            let mut check = cargo_promptgen::__private::check::check_for(&chain, step, &work.path().join("check"));
             let output = match check.as_mut() {
                 Some(check) => core.run_checked(&mut backend, &mut sandbox, check.as_mut(), &mut |_| {}),
                 None => core.run(&mut backend, &mut sandbox),

@@ -33,6 +33,7 @@ impl Default for Builder {
 }
 
 /// What a build did.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq)]
 pub struct BuildReport {
     /// Where the generated tree is.

@@ -11,7 +11,7 @@ use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::store::{walk_files, Files};
 
 /// Type-checks a generated tree with `rustc --emit=metadata`: a scratch crate root mounts
-/// every `.rs` file through [`module_tree`] inside `mod generated`, as a crate does, so
+/// every `.rs` file through `mount::module_tree` inside `mod generated`, as a crate does, so
 /// `super::` paths resolve the same. Nothing is linked or run, and the crate's own files are
 /// not part of it: code that uses the crate's other items needs a command check instead.
 #[derive(Debug, Clone)]

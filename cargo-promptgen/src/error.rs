@@ -113,6 +113,7 @@ pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A step that must run again, and why.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleStep {
     /// The step.

@@ -73,22 +73,69 @@
 //! the package's metadata; `[workspace.metadata.promptgen]`. `PROMPTGEN_OFFLINE=1` and `CI`
 //! forbid model calls during builds.
 //!
-//! # Modules
+//! # API
+//!
+//! A build script needs [`build`], or [`Builder`] for the paths and switches it can set, and
+//! the [`Error`] they return; [`BuildReport`] says what a build did. Everything else is
+//! internal: `cargo promptgen`, its benchmarks and tests reach it through a hidden module
+//! that is not part of the API and may change in any release.
 #![deny(missing_docs)]
 
-pub mod build_script;
-pub mod check;
-pub mod config;
-pub mod error;
-pub mod generate;
-pub mod layout;
-pub mod lock;
-pub mod process_lock;
-pub mod mount;
-pub mod out_dir;
-pub mod plan;
-pub mod report;
-pub mod store;
+mod build_script;
+mod check;
+mod config;
+mod error;
+mod generate;
+mod layout;
+mod lock;
+mod mount;
+mod out_dir;
+mod plan;
+mod process_lock;
+mod report;
+mod store;
 
-pub use build_script::{Builder, build};
-pub use error::Error;
+pub use build_script::{BuildReport, Builder, build};
+pub use codegen_core::fs::FsError;
+pub use config::{ConfigError, Location};
+pub use error::{Error, StaleStep};
+
+/// Not API. The `cargo promptgen` binary, the benchmarks and the tests use the internals
+/// through here; anything in it may change or go in any release.
+#[doc(hidden)]
+pub mod __private {
+    #![allow(missing_docs)]
+    pub mod check {
+        pub use crate::check::*;
+    }
+    pub mod config {
+        pub use crate::config::*;
+    }
+    pub mod error {
+        pub use crate::error::*;
+    }
+    pub mod generate {
+        pub use crate::generate::*;
+    }
+    pub mod layout {
+        pub use crate::layout::*;
+    }
+    pub mod lock {
+        pub use crate::lock::*;
+    }
+    pub mod out_dir {
+        pub use crate::out_dir::*;
+    }
+    pub mod plan {
+        pub use crate::plan::*;
+    }
+    pub mod process_lock {
+        pub use crate::process_lock::*;
+    }
+    pub mod report {
+        pub use crate::report::*;
+    }
+    pub mod store {
+        pub use crate::store::*;
+    }
+}

@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use cargo_promptgen::config::{self, Chain, Overrides};
-use cargo_promptgen::generate::{self, Destination, Progress};
-use cargo_promptgen::layout::Layout;
-use cargo_promptgen::process_lock::ProcessLock;
-use cargo_promptgen::report;
+use cargo_promptgen::__private::config::{self, Chain, Overrides};
+use cargo_promptgen::__private::generate::{self, Destination, Progress};
+use cargo_promptgen::__private::layout::Layout;
+use cargo_promptgen::__private::process_lock::ProcessLock;
+use cargo_promptgen::__private::report;
 use clap::{Args, Parser, Subcommand};
 
 /// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
@@ -102,7 +102,7 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", cargo_promptgen::error::report(err.as_ref()));
+            eprintln!("error: {}", cargo_promptgen::__private::error::report(err.as_ref()));
             ExitCode::from(1)
         }
     }

@@ -8,7 +8,7 @@
 mod support;
 
 
-use cargo_promptgen::lock::{Lock, LockedStep};
+use cargo_promptgen::__private::lock::{Lock, LockedStep};
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::{json, Value};
 use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
