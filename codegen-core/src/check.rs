@@ -15,9 +15,14 @@ pub trait Check {
 
 /// What a check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CheckOutcome {
     /// The tree passes.
     Passed,
+    /// Everything that could be checked passes, and the rest must wait: for example, the
+    /// crate's tests cannot run until a later step writes a module they need. Says what was
+    /// put off and why; the step may finish.
+    PutOff(String),
     /// The tree fails; the diagnostics, trimmed to what a model needs, say why.
     Failed(String),
 }
@@ -38,19 +43,27 @@ pub struct CheckError {
 pub const MAX_DIAGNOSTICS_BYTES: usize = 6_000;
 
 /// A check that runs a command: a non-zero exit fails it, and its output is the diagnostics.
-/// The command runs in `dir`, with `PROMPTGEN_TREE` set to the output root.
+/// The command runs in `dir`, with `PROMPTGEN_TREE` set to the output root and every
+/// variable that may hold a secret removed (see [`remove_secrets`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandCheck {
     program: String,
     args: Vec<String>,
     dir: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl CommandCheck {
     /// `command[0]` with the other items as arguments, run in `dir`.
     pub fn new(command: &[String], dir: impl Into<PathBuf>) -> Option<CommandCheck> {
         let (program, args) = command.split_first()?;
-        Some(CommandCheck { program: program.clone(), args: args.to_vec(), dir: dir.into() })
+        Some(CommandCheck { program: program.clone(), args: args.to_vec(), dir: dir.into(), env: Vec::new() })
+    }
+
+    /// Sets a variable for the command (after the secrets are removed).
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> CommandCheck {
+        self.env.push((name.into(), value.into()));
+        self
     }
 }
 
@@ -60,10 +73,11 @@ impl Check for CommandCheck {
     }
 
     fn run(&mut self, output_root: &Path) -> Result<CheckOutcome, CheckError> {
-        let output = Command::new(&self.program)
-            .args(&self.args)
-            .current_dir(&self.dir)
-            .env("PROMPTGEN_TREE", output_root)
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).current_dir(&self.dir);
+        remove_secrets(&mut command);
+        command.envs(self.env.iter().map(|(k, v)| (k, v))).env("PROMPTGEN_TREE", output_root);
+        let output = command
             .output()
             .map_err(|e| CheckError { check: self.name(), detail: format!("{e} (is `{}` installed and on PATH?)", self.program) })?;
         if output.status.success() {
@@ -71,9 +85,36 @@ impl Check for CommandCheck {
         }
         let mut text = String::from_utf8_lossy(&output.stderr).into_owned();
         text.push_str(&String::from_utf8_lossy(&output.stdout));
-        let text = text.replace(&output_root.display().to_string(), "");
+        // The model knows the tree's files by their paths in it: `x.rs`, never `/tmp/.../x.rs`.
+        let root = output_root.display().to_string();
+        let text = text.replace(&format!("{root}/"), "").replace(&root, ".");
         Ok(CheckOutcome::Failed(trim_diagnostics(&format!("{} exited with {}\n{text}", self.name(), output.status))))
     }
+}
+
+/// Removes from `command`'s environment every variable whose name says it may hold a secret
+/// (`*_API_KEY`, `*_TOKEN`, `*_SECRET*`, `*_PASSWORD`, `*CREDENTIAL*`, `*_ACCESS_KEY*`,
+/// `*_PRIVATE_KEY`, and everything `AWS_*`), as it is set in this process. A check's output
+/// goes back to the model, and through it to the model's server: model-written code that a
+/// check compiles or runs must not be able to print a secret into it.
+pub fn remove_secrets(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if let Some(name) = name.to_str()
+            && may_hold_a_secret(name)
+        {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Whether an environment variable's name says it may hold a secret.
+pub fn may_hold_a_secret(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.starts_with("AWS_")
+        || ["API_KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "ACCESS_KEY", "PRIVATE_KEY"]
+            .iter()
+            .any(|word| upper.contains(word))
 }
 
 /// Cuts diagnostics to [`MAX_DIAGNOSTICS_BYTES`] on a line boundary, saying how much was left out.
@@ -98,6 +139,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_that_may_hold_secrets_are_recognised() {
+        for name in ["OPENAI_API_KEY", "GITHUB_TOKEN", "CARGO_REGISTRY_TOKEN", "AWS_REGION", "DB_PASSWORD", "MY_SECRET_X",
+            "GOOGLE_APPLICATION_CREDENTIALS", "aws_access_key_id", "SSH_PRIVATE_KEY"]
+        {
+            assert!(may_hold_a_secret(name), "{name}");
+        }
+        for name in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_TOOLCHAIN", "OLLAMA_HOST", "LANG"] {
+            assert!(!may_hold_a_secret(name), "{name}");
+        }
+    }
+
+    #[test]
     fn long_diagnostics_are_cut_on_a_line_and_say_so() {
         let text: String = (0..2000).map(|i| format!("error[E0308]: line {i}\n")).collect();
         let trimmed = trim_diagnostics(&text);
@@ -116,7 +169,9 @@ mod tests {
         let mut fail = CommandCheck::new(&script, dir.path()).unwrap();
         match fail.run(dir.path()).unwrap() {
             CheckOutcome::Failed(text) => {
-                assert!(text.contains("exit status: 3") && text.contains("bad in /x.rs"), "{text}");
+                // The path the model knows (the sandbox refuses `/x.rs` as absolute).
+                assert!(text.contains("exit status: 3") && text.contains("bad in x.rs"), "{text}");
+                assert!(!text.contains("bad in /x.rs") && !text.contains(&dir.path().display().to_string()), "{text}");
             }
             other => panic!("{other:?}"),
         }

@@ -485,23 +485,7 @@ impl<'a> Run<'a> {
                                 finished = Some(summary);
                                 (true, "Finished.".to_string())
                             }
-                            Some(diagnostics) => {
-                                self.check_failures += 1;
-                                let name = self.check.as_ref().map(|c| c.name()).unwrap_or_default();
-                                if self.check_failures > self.step.check_rounds {
-                                    return Err(Error::CheckFailed {
-                                        check: name,
-                                        rounds: self.step.check_rounds,
-                                        diagnostics,
-                                    });
-                                }
-                                let problem = format!(
-                                    "`finish` refused: the files do not pass `{name}` (repair round {} of {}). \
-                                     Fix them with write_file, then call finish again.\n\n{diagnostics}",
-                                    self.check_failures, self.step.check_rounds
-                                );
-                                (false, problem)
-                            }
+                            Some(diagnostics) => (false, self.check_round("`finish` refused", diagnostics)?),
                         }
                     } else {
                         let problem = format!(
@@ -549,7 +533,17 @@ impl<'a> Run<'a> {
         if answers.is_empty() && problems.is_empty() {
             let missing = self.missing_outputs();
             if missing.is_empty() {
-                return Ok(Turn::Stopped);
+                // A reply without a call ends the step only if the files pass the check, as
+                // `finish` would: no step is recorded with files that never passed it.
+                return match self.run_check(false)? {
+                    None => Ok(Turn::Stopped),
+                    Some(diagnostics) => {
+                        let problem = self.check_round("You stopped without calling `finish`, but the step is not done", diagnostics)?;
+                        self.repair(problem.clone());
+                        self.push_message(Message::user(problem));
+                        Ok(Turn::Continue)
+                    }
+                };
             }
             let problem = format!(
                 "You replied without calling a tool, but the task is not done: {} still missing. {}",
@@ -567,12 +561,33 @@ impl<'a> Run<'a> {
     fn run_check(&mut self, asked_by_model: bool) -> Result<Option<String>, Error> {
         let Some(check) = self.check.as_mut() else { return Ok(None) };
         let outcome = check.run(self.sandbox.output_root())?;
-        let diagnostics = match outcome {
-            CheckOutcome::Passed => None,
-            CheckOutcome::Failed(text) => Some(text),
+        let (diagnostics, put_off) = match outcome {
+            CheckOutcome::Passed => (None, None),
+            CheckOutcome::PutOff(why) => (None, Some(why)),
+            CheckOutcome::Failed(text) => (Some(text), None),
         };
-        self.record(Event::Check { model_call: self.model_calls, asked_by_model, diagnostics: diagnostics.clone() });
+        if let Some(why) = &put_off
+            && !asked_by_model
+        {
+            self.notes.push(format!("part of the check `{}` was put off: {why}", check.name()));
+        }
+        self.record(Event::Check { model_call: self.model_calls, asked_by_model, diagnostics: diagnostics.clone(), put_off });
         Ok(diagnostics)
+    }
+
+    /// Counts a failed check against the step's repair rounds: the step fails once they are
+    /// spent, else the model gets `opening`, the round's number and the diagnostics.
+    fn check_round(&mut self, opening: &str, diagnostics: String) -> Result<String, Error> {
+        self.check_failures += 1;
+        let name = self.check.as_ref().map(|c| c.name()).unwrap_or_default();
+        if self.check_failures > self.step.check_rounds {
+            return Err(Error::CheckFailed { check: name, rounds: self.step.check_rounds, diagnostics });
+        }
+        Ok(format!(
+            "{opening}: the files do not pass `{name}` (repair round {} of {}). Fix them with write_file, then call \
+             finish again.\n\n{diagnostics}",
+            self.check_failures, self.step.check_rounds
+        ))
     }
 
     fn how_to_write(&self) -> &'static str {

@@ -95,6 +95,9 @@ pub enum Event {
         /// Its diagnostics when it failed; absent when it passed.
         #[serde(skip_serializing_if = "Option::is_none")]
         diagnostics: Option<String>,
+        /// When it passed only in part: what was put off, and why.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        put_off: Option<String>,
     },
     /// The loop switched tool protocols by itself.
     Fallback {

@@ -135,3 +135,72 @@ fn without_a_check_no_check_tool_is_offered() {
     let first = server.requests()[0].json();
     assert!(first["tools"].as_array().unwrap().iter().all(|t| t["function"]["name"] != "check"));
 }
+
+/// The gate leaked: after a refused `finish`, a reply without a tool call ended the step as
+/// done, and the files that never passed were recorded. Silence is answered with the check's
+/// messages, within the budget, and the step fails if the files never pass.
+#[test]
+fn a_refused_finish_followed_by_silence_is_answered_and_never_ends_the_step_as_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeLlm::start(vec![
+        write("fn a() -> u8 { \"x\" }"),
+        finish(),
+        Reply::turn(Turn::text("I am done.")),
+        Reply::turn(Turn::text("Really done.")),
+    ]);
+    let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
+    let mut check = grep_check(dir.path());
+    let mut step = Step::new("m", "Write a.rs.");
+    step.check_rounds(2);
+    let failure = step.run_checked(backend(&server).as_mut(), &mut sandbox, &mut check, &mut |_| {}).unwrap_err();
+    assert!(matches!(failure.error, Error::CheckFailed { rounds: 2, .. }), "{failure}");
+    assert!(failure.to_string().contains("error[E0308]"), "{failure}");
+    // The first silence was answered with the diagnostics, as a repair round.
+    let fourth = server.requests()[3].json();
+    let told = fourth["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
+    assert!(told.contains("You stopped without calling `finish`") && told.contains("repair round 2 of 2"), "{told}");
+    assert!(told.contains("error[E0308]"), "{told}");
+}
+
+/// A model that writes its files and stops without ever calling `finish` does not skip the
+/// check either: the step ends only when they pass.
+#[test]
+fn silence_without_finish_runs_the_check_and_ends_the_step_only_when_it_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeLlm::start(vec![
+        write("fn a() -> u8 { \"x\" }"),
+        Reply::turn(Turn::text("Here is a.rs.")),
+        write("fn a() -> u8 { 1 } // fixed"),
+        Reply::turn(Turn::text("Fixed.")),
+    ]);
+    let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
+    let mut check = grep_check(dir.path());
+    let output = Step::new("m", "Write a.rs.")
+        .run_checked(backend(&server).as_mut(), &mut sandbox, &mut check, &mut |_| {})
+        .unwrap();
+    assert_eq!(output.end, codegen_core::transcript::EndOutcome::NoToolCall);
+    assert_eq!(output.transcript.totals().check_rounds, 1);
+    assert_eq!(std::fs::read_to_string(dir.path().join("out/a.rs")).unwrap(), "fn a() -> u8 { 1 } // fixed");
+}
+
+/// A check that can only pass in part (`PutOff`) lets the step finish, and says why.
+#[test]
+fn a_check_put_off_in_part_lets_the_step_finish_and_notes_why() {
+    struct PartOnly;
+    impl Check for PartOnly {
+        fn name(&self) -> String {
+            "cargo test".into()
+        }
+        fn run(&mut self, _: &std::path::Path) -> Result<CheckOutcome, codegen_core::check::CheckError> {
+            Ok(CheckOutcome::PutOff("the tests need `app`, which step 04 writes".into()))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeLlm::start(vec![write("fn a() {}"), finish()]);
+    let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
+    let output = Step::new("m", "Write a.rs.")
+        .run_checked(backend(&server).as_mut(), &mut sandbox, &mut PartOnly, &mut |_| {})
+        .unwrap();
+    assert!(output.notes.iter().any(|n| n.contains("put off") && n.contains("step 04")), "{:?}", output.notes);
+    assert!(output.transcript.events.iter().any(|e| matches!(e, Event::Check { put_off: Some(_), diagnostics: None, .. })));
+}
