@@ -244,6 +244,7 @@ fn package(steps: usize) -> Package {
             completion_tokens: 0,
             repairs: 0,
             check_rounds: 0,
+            seed: None,
             fingerprint,
             files,
         };
@@ -649,7 +650,9 @@ fn bytes_to_the_model() {
         );
         let mut tree = Files::new();
         let (mut all_sent, mut all_minimum, mut all_tools) = (0, 0, 0);
-        for (step, recorded) in chain.steps.iter().zip(&assessed) {
+        let records = plan::Records::read(&layout).unwrap();
+        let all_recorded = cargo_promptgen::__private::generate::recorded_files(&chain, &records);
+        for (index, (step, recorded)) in chain.steps.iter().zip(&assessed).enumerate() {
             let work = tempfile::tempdir().unwrap();
             let root = work.path().join("tree");
             cargo_promptgen::__private::out_dir::sync_dir(&root, &tree).unwrap();
@@ -675,7 +678,15 @@ fn bytes_to_the_model() {
             for output in &step.outputs {
                 core.expect_output(output.clone());
             }
-            let mut check = cargo_promptgen::__private::check::check_for(&chain, step, &work.path().join("check"));
+            let (mounted, later) = cargo_promptgen::__private::generate::the_rest_of_the_chain(&chain, index, &all_recorded);
+            let mut check = cargo_promptgen::__private::check::check_for(cargo_promptgen::__private::check::CheckSetup {
+                chain: &chain,
+                layout: &layout,
+                step,
+                scratch: work.path().join("check"),
+                mounted,
+                later,
+            });
             let output = match check.as_mut() {
                 Some(check) => core.run_checked(&mut backend, &mut sandbox, check.as_mut(), &mut |_| {}),
                 None => core.run(&mut backend, &mut sandbox),

@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::generate::{bring_up_to_date, Destination, Progress};
 use crate::layout::{target_dir_from_out_dir, Layout};
 use crate::plan::{plan, stale_steps, Records, StepState};
+use crate::check::{TREE_PACKAGE_VAR, TREE_VAR};
 use crate::out_dir::sync_dir;
 use crate::store::Files;
 use crate::process_lock::ProcessLock;
@@ -95,6 +96,11 @@ impl Builder {
             None => env_path("OUT_DIR")?,
         };
         let generated_dir = out_dir.join(OUT_SUBDIR);
+        // Under a check of this package (see `check.rs`), mount the step's candidate tree and
+        // nothing else: no lock, no process lock (the checking process holds it), no model.
+        if let Some(tree) = checked_tree(&manifest_dir) {
+            return self.mount_candidate(&tree, &out_dir);
+        }
         let chain = config::load_from_env(&manifest_dir.join("Cargo.toml"), &Overrides::default())?;
         if self.emit_cargo_directives {
             emit_rerun_directives(&chain);
@@ -156,11 +162,37 @@ impl Builder {
         Ok(BuildReport { generated_dir, files_written, regenerated, pending })
     }
 
+    /// The build entry of the package a check is checking: the candidate tree in `tree`
+    /// becomes the generated tree.
+    fn mount_candidate(&self, tree: &Path, out_dir: &Path) -> Result<BuildReport, Error> {
+        if self.emit_cargo_directives {
+            for var in [TREE_VAR, TREE_PACKAGE_VAR] {
+                println!("cargo:rerun-if-env-changed={var}");
+            }
+            println!("cargo:rerun-if-changed={}", tree.display());
+        }
+        let mut files = Files::new();
+        for path in crate::store::walk_files(tree) {
+            let bytes = codegen_core::fs::read(&tree.join(&path))?;
+            files.insert(path, bytes);
+        }
+        let generated_dir = out_dir.join(OUT_SUBDIR);
+        let files_written = sync_dir(&generated_dir, &files)?;
+        let modules = module_tree(files.keys(), &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
+        codegen_core::fs::write_if_changed_unsynced(&out_dir.join(MODULES_FILE), modules.as_bytes())?;
+        Ok(BuildReport { generated_dir, files_written, regenerated: Vec::new(), pending: Vec::new() })
+    }
+
     fn offline_reason(&self) -> Option<String> {
         match self.offline {
             Some(true) => return Some("this build is offline".into()),
             Some(false) => return None,
             None => {}
+        }
+        if std::env::var_os(TREE_PACKAGE_VAR).is_some() {
+            return Some(
+                "it is built for the check of another package's step, and such a build never calls a model".into(),
+            );
         }
         let var = |name: &str| std::env::var(name).ok();
         if let Some(value) = var("PROMPTGEN_OFFLINE") {
@@ -178,6 +210,18 @@ impl Builder {
         }
         None
     }
+}
+
+/// The candidate tree to mount, when this build is a check of the package in `manifest_dir`
+/// (`PROMPTGEN_TREE` names the tree and `PROMPTGEN_TREE_PACKAGE` this package).
+fn checked_tree(manifest_dir: &Path) -> Option<PathBuf> {
+    let tree = std::env::var_os(TREE_VAR)?;
+    let package = PathBuf::from(std::env::var_os(TREE_PACKAGE_VAR)?);
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    same(&package, manifest_dir).then(|| PathBuf::from(tree))
 }
 
 /// The one-call build-script entry: `fn main() -> Result<(), cargo_promptgen::Error> { cargo_promptgen::build() }`.
@@ -210,7 +254,7 @@ fn emit_rerun_directives(chain: &Chain) {
             println!("cargo:rerun-if-changed={}", path.display());
         }
     }
-    for var in config::ENV_VARS.iter().chain(OFFLINE_VARS) {
+    for var in config::ENV_VARS.iter().chain(OFFLINE_VARS).chain(&[TREE_VAR, TREE_PACKAGE_VAR]) {
         println!("cargo:rerun-if-env-changed={var}");
     }
 }

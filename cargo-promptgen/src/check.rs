@@ -1,14 +1,49 @@
-//! The compile check: a step is not done until the generated tree type-checks, mounted
-//! exactly as the crate mounts it.
+//! The checks a step's files must pass before it may finish, run where the files will live.
+//!
+//! - `cargo check` / `cargo test` ([`CrateCheck`], the default for Rust outputs): the package
+//!   itself is checked (or tested) with the step's candidate tree mounted where the build
+//!   entry mounts the recorded one, so generated code is checked against the crate's
+//!   dependencies and its own items, and hand-written code and tests against the generated
+//!   code. How: Cargo runs in a target folder of its own, `<target>/promptgen/check-target`
+//!   (kept between runs and shared by the packages, so dependencies compile once per machine
+//!   and re-checks are incremental), with `PROMPTGEN_TREE` naming the
+//!   candidate tree and `PROMPTGEN_TREE_PACKAGE` the package; the package's build entry sees
+//!   them and mounts that tree instead of the recorded one, without reading the lock, taking
+//!   the process lock or calling a model (see `build_script.rs`). So a check never recurses
+//!   and never waits on the lock its caller holds, also when the caller is itself a build
+//!   script regenerating online.
+//! - `rustc` ([`RustcCheck`]): the generated tree alone, type-checked; fast, and blind to the
+//!   crate.
+//! - a command: runs in the package folder with the same variables.
+//!
+//! Steps other than the one being checked are mounted too, as recorded; errors that only
+//! concern what a later step will write (a module no step has written yet, a later step's
+//! file) are put off rather than blamed on this step ([`Later`]).
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use codegen_core::check::{trim_diagnostics, Check, CheckError, CheckOutcome, CommandCheck};
+use codegen_core::check::{Check, CheckError, CheckOutcome, CommandCheck, remove_secrets, trim_diagnostics};
 
-use crate::mount::module_tree;
 use crate::config::{Chain, CheckSpec, StepConfig};
-use crate::store::{walk_files, Files};
+use crate::diagnostics::{self, Diagnostic, PathMap, Place};
+use crate::layout::Layout;
+use crate::mount::module_tree;
+use crate::out_dir::sync_dir;
+use crate::store::{Files, walk_files};
+
+/// The variable naming the tree the build entry mounts instead of the recorded one.
+pub const TREE_VAR: &str = "PROMPTGEN_TREE";
+/// The variable naming the package (its folder) that [`TREE_VAR`] is for; every other
+/// package built meanwhile builds from its own lock, offline.
+pub const TREE_PACKAGE_VAR: &str = "PROMPTGEN_TREE_PACKAGE";
+
+/// How long a crate check may run (compiling the dependencies the first time included)
+/// before it is stopped: a test that loops forever must not hang the run.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Type-checks a generated tree with `rustc --emit=metadata`: a scratch crate root mounts
 /// every `.rs` file through `mount::module_tree` inside `mod generated`, as a crate does, so
@@ -76,13 +111,275 @@ fn without_trailer(text: &str) -> String {
     kept.join("\n").trim_end().to_string()
 }
 
-/// The check `step` declares, ready to run; `None` for `check = "none"`.
-pub fn check_for(chain: &Chain, step: &StepConfig, scratch: &Path) -> Option<Box<dyn Check>> {
+/// What a step's check needs besides the step: where it may keep things, and the rest of
+/// the chain as it stands.
+pub struct CheckSetup<'a> {
+    /// The chain.
+    pub chain: &'a Chain,
+    /// Its package's folders.
+    pub layout: &'a Layout,
+    /// The step to check.
+    pub step: &'a StepConfig,
+    /// The step's scratch folder (the `rustc` check keeps its crate root there).
+    pub scratch: PathBuf,
+    /// The recorded files of the chain's other steps, mounted beneath the candidate tree.
+    pub mounted: Files,
+    /// What steps after this one own.
+    pub later: Later,
+}
+
+/// What the steps after the one being checked own: errors that concern only these are put
+/// off, not blamed on the step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Later {
+    /// Generated files by path, with the step that writes them.
+    pub files: BTreeMap<String, String>,
+    /// Modules no step has written yet (the last part of their path, as code names them),
+    /// with the step that declares them.
+    pub missing_modules: BTreeMap<String, String>,
+}
+
+impl Later {
+    /// The step to which `diagnostic` belongs instead of the step being checked, if any: its
+    /// primary span is in a later step's file, or it is a name-resolution error about a
+    /// module a later step will write.
+    fn owner(&self, diagnostic: &Diagnostic, map: &PathMap) -> Option<&str> {
+        for span in diagnostic.spans.iter().filter(|s| s.is_primary) {
+            if let Place::Generated(path) = map.place(&span.file_name)
+                && let Some(step) = self.files.get(&path)
+            {
+                return Some(step);
+            }
+        }
+        const RESOLUTION: &[&str] = &["E0412", "E0422", "E0423", "E0425", "E0432", "E0433", "E0531", "E0405"];
+        let code = diagnostic.code.as_ref().map(|c| c.code.as_str()).unwrap_or_default();
+        if !RESOLUTION.contains(&code) {
+            return None;
+        }
+        backticked(&diagnostic.message)
+            .flat_map(|quoted| quoted.split("::"))
+            .find_map(|name| self.missing_modules.get(name).map(String::as_str))
+    }
+}
+
+/// The `quoted` parts of a compiler message.
+fn backticked(message: &str) -> impl Iterator<Item = &str> {
+    message.split('`').skip(1).step_by(2)
+}
+
+/// The check `setup.step` declares, ready to run; `None` for `check = "none"`.
+pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
+    let CheckSetup { chain, layout, step, scratch, mounted, later } = setup;
     match &step.check {
         CheckSpec::None => None,
         CheckSpec::Rustc => Some(Box::new(RustcCheck::new(&chain.edition, scratch))),
-        CheckSpec::Command(words) => CommandCheck::new(words, &chain.package_dir).map(|c| Box::new(c) as Box<dyn Check>),
+        CheckSpec::CargoCheck | CheckSpec::CargoTest => Some(Box::new(CrateCheck {
+            test: step.check == CheckSpec::CargoTest,
+            cargo: cargo_program(),
+            manifest: chain.manifest_path.clone(),
+            package: chain.package_name.clone(),
+            package_dir: chain.package_dir.clone(),
+            relative_to: chain.workspace_root.clone().unwrap_or_else(|| chain.package_dir.clone()),
+            target_dir: layout.check_target_dir(),
+            tree_dir: layout.check_tree_dir(&step.id),
+            mounted,
+            later,
+        })),
+        CheckSpec::Command(words) => CommandCheck::new(words, &chain.package_dir).map(|check| {
+            Box::new(
+                check
+                    .env("CARGO_TARGET_DIR", layout.check_target_dir().display().to_string())
+                    .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string()),
+            ) as Box<dyn Check>
+        }),
     }
+}
+
+/// The `cargo` that runs us (`CARGO`, which Cargo sets for subcommands and build scripts),
+/// else `cargo` on `PATH`.
+pub(crate) fn cargo_program() -> PathBuf {
+    std::env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("cargo"))
+}
+
+/// `cargo check --all-targets` or `cargo test` of the package, with a step's candidate tree
+/// mounted (see the module documentation).
+#[derive(Debug, Clone)]
+pub(crate) struct CrateCheck {
+    test: bool,
+    cargo: PathBuf,
+    manifest: PathBuf,
+    package: String,
+    package_dir: PathBuf,
+    relative_to: PathBuf,
+    target_dir: PathBuf,
+    tree_dir: PathBuf,
+    mounted: Files,
+    later: Later,
+}
+
+impl Check for CrateCheck {
+    fn name(&self) -> String {
+        if self.test { "cargo test".into() } else { "cargo check".into() }
+    }
+
+    fn run(&mut self, output_root: &Path) -> Result<CheckOutcome, CheckError> {
+        let error = |detail: String| CheckError { check: self.name(), detail };
+        // The tree the crate sees: the other steps as recorded, this step's candidate over them.
+        let mut tree = self.mounted.clone();
+        for path in walk_files(output_root) {
+            let bytes = codegen_core::fs::read(&output_root.join(&path)).map_err(|e| error(e.to_string()))?;
+            tree.insert(path, bytes);
+        }
+        sync_dir(&self.tree_dir, &tree).map_err(|e| error(crate::error::report(&e)))?;
+
+        let mut command = cargo_command(&self.cargo);
+        command.arg(if self.test { "test" } else { "check" });
+        if self.test {
+            command.arg("--no-fail-fast");
+        } else {
+            command.arg("--all-targets");
+        }
+        command
+            .args(["--message-format=json", "--color=never", "-p", &self.package, "--manifest-path"])
+            .arg(&self.manifest)
+            .current_dir(&self.package_dir)
+            .env("CARGO_TARGET_DIR", &self.target_dir)
+            .env(TREE_VAR, &self.tree_dir)
+            .env(TREE_PACKAGE_VAR, &self.package_dir)
+            .env("RUST_BACKTRACE", "0");
+        let ran = run_with_timeout(&mut command, CHECK_TIMEOUT)
+            .map_err(|e| error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display())))?;
+        let output = diagnostics::read_cargo_output(&ran.stdout, &self.package_dir);
+        let map = PathMap {
+            generated_root: output.out_dir.as_ref().map(|dir| dir.join(crate::mount::OUT_SUBDIR)),
+            package_dir: self.package_dir.clone(),
+            relative_to: self.relative_to.clone(),
+        };
+        if ran.timed_out {
+            return Ok(CheckOutcome::Failed(format!(
+                "`{}` did not finish within {} s and was stopped: a test that waits or loops forever must end.",
+                self.name(),
+                CHECK_TIMEOUT.as_secs()
+            )));
+        }
+        if ran.success {
+            return Ok(CheckOutcome::Passed);
+        }
+        let (put_off, blamed): (Vec<&Diagnostic>, Vec<&Diagnostic>) =
+            output.errors.iter().partition(|d| self.later.owner(d, &map).is_some());
+        if !blamed.is_empty() {
+            // With several targets (the library, its tests, a binary) one error comes once per
+            // target that compiles the file: show it once.
+            let mut text: Vec<String> = blamed.iter().map(|d| diagnostics::render(d, &map)).collect();
+            let mut seen = std::collections::HashSet::new();
+            text.retain(|t| seen.insert(t.clone()));
+            return Ok(CheckOutcome::Failed(trim_diagnostics(&text.join("\n"))));
+        }
+        if !put_off.is_empty() {
+            let mut owners: Vec<&str> = put_off.iter().filter_map(|d| self.later.owner(d, &map)).collect();
+            owners.sort_unstable();
+            owners.dedup();
+            let what = if self.test { "the crate does not compile yet, so its tests were not run" } else { "" };
+            return Ok(CheckOutcome::PutOff(format!(
+                "{} error{} concern{} what step{} {} will write{}{what}",
+                put_off.len(),
+                if put_off.len() == 1 { "" } else { "s" },
+                if put_off.len() == 1 { "s" } else { "" },
+                if owners.len() == 1 { "" } else { "s" },
+                owners.join(", "),
+                if what.is_empty() { "" } else { "; " },
+            )));
+        }
+        let failed = diagnostics::failed_tests(&output.other_lines);
+        if !failed.is_empty() {
+            let mut text = format!(
+                "{} test{} failed:\n",
+                failed.len(),
+                if failed.len() == 1 { "" } else { "s" }
+            );
+            for test in &failed {
+                text.push_str(&format!("\ntest `{}`:\n{}\n", test.name, map.relativize(&test.output)));
+            }
+            return Ok(CheckOutcome::Failed(trim_diagnostics(&text)));
+        }
+        // Failed without an error or a test to show: Cargo's own words (a manifest error, a
+        // build script that failed, a dependency that cannot be fetched) are the user's
+        // problem, not the model's.
+        Err(error(format!(
+            "it failed without a compiler error or a failing test; Cargo said:\n{}",
+            map.relativize(&tail(&ran.stderr, 30))
+        )))
+    }
+}
+
+/// `cargo`, with an environment fit for a nested build: no secrets (a check's output goes
+/// back to the model), and none of the variables Cargo sets for the build script that may
+/// be running us (they describe that build, and would confuse this one).
+pub(crate) fn cargo_command(cargo: &Path) -> Command {
+    let mut command = Command::new(cargo);
+    remove_secrets(&mut command);
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let build_script_var = ["OUT_DIR", "TARGET", "HOST", "NUM_JOBS", "OPT_LEVEL", "DEBUG", "PROFILE", "MAKEFLAGS", "MFLAGS"]
+            .contains(&name)
+            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CFG_", "CARGO_FEATURE_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_PACKAGE"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+            || ["CARGO_ENCODED_RUSTFLAGS", "CARGO_MAKEFLAGS", "CARGO_TARGET_DIR", "CARGO_TARGET_TMPDIR", "CARGO_RUSTC_CURRENT_DIR", TREE_VAR, TREE_PACKAGE_VAR]
+                .contains(&name);
+        if build_script_var {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// What a command did.
+struct Ran {
+    success: bool,
+    timed_out: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `command` to its end, or kills it after `timeout`.
+fn run_with_timeout(command: &mut Command, timeout: Duration) -> std::io::Result<Ran> {
+    let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let collect = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let stdout = collect(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = collect(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + timeout;
+    let (status, timed_out) = loop {
+        if let Some(status) = child.try_wait()? {
+            break (Some(status), false);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (None, true);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Ran {
+        success: status.is_some_and(|s| s.success()),
+        timed_out,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// The last `lines` lines of `text`.
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 #[cfg(test)]

@@ -23,9 +23,12 @@
 //! num_ctx = 16384                       # optional, >= 1: Ollama's context window
 //! max_output_tokens = 4096              # optional, >= 1: the most tokens one reply may have
 //! request_timeout_secs = 600            # optional, >= 1
-//! check = "rustc"                       # "rustc" | "none" | ["cmd", "arg", ...]; default
-//!                                       # "rustc" for steps with .rs outputs, else "none"
+//! check = "cargo check"                 # "cargo check" | "cargo test" | "rustc" | "none" |
+//!                                       # ["cmd", "arg", ...]; default "cargo check" for steps
+//!                                       # with .rs outputs, else "none"
 //! check_rounds = 3                      # optional integer >= 0 (default Step::DEFAULT_CHECK_ROUNDS)
+//! seed_retries = 0                      # optional integer >= 0: run a failed step again with
+//!                                       # the next seed, up to this many times
 //!
 //! [[package.metadata.promptgen.steps]]
 //! id = "01"                             # required, unique, [A-Za-z0-9_-]+
@@ -34,7 +37,7 @@
 //! inputs = ["src/domain.rs", "src"]     # optional existing files or folders
 //! script = "../prompts/scripts/01.toml" # canned turns; required with backend "scripted"
 //! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
-//! # system_prompt, check, check_rounds
+//! # system_prompt, check, check_rounds, seed_retries
 //! ```
 //!
 //! `[workspace.metadata.promptgen]` may set every chain-level key except `steps`; its file
@@ -163,13 +166,16 @@ macro_rules! with_shared_keys {
                 check: CheckValue => CHECK_EXPECTED,
                 /// Failed checks answered with a repair round.
                 check_rounds: u32 => "a non-negative integer (repair rounds after a failed check, e.g. 3)",
+                /// Runs of a failed step with the next seed.
+                seed_retries: u32 => "a non-negative integer (runs with the next seed after a failed run, e.g. 2)",
             }
         }
     };
 }
 
 const TEMPERATURE_EXPECTED: &str = "a number from 0 to 2 (e.g. 0.0)";
-const CHECK_EXPECTED: &str = "\"rustc\", \"none\", or a command as an array of strings (e.g. [\"cargo\", \"check\"])";
+const CHECK_EXPECTED: &str =
+    "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings (e.g. [\"make\", \"lint\"])";
 
 with_shared_keys! {
     /// `[package.metadata.promptgen]` and `[workspace.metadata.promptgen]` (where `steps` is an
@@ -210,7 +216,7 @@ with_shared_keys! {
 
 /// `check` as written: a word or a command.
 #[derive(Debug, Deserialize)]
-#[serde(untagged, expecting = "\"rustc\", \"none\", or a command as an array of strings")]
+#[serde(untagged, expecting = "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings")]
 enum CheckValue {
     Word(String),
     Command(Vec<String>),
@@ -500,13 +506,22 @@ pub struct StepConfig {
     pub check: CheckSpec,
     /// Failed checks answered with a repair round before the step fails.
     pub check_rounds: u32,
+    /// Runs with the next seed after a run that failed its budget or its check.
+    pub seed_retries: u32,
 }
 
-/// The check a step's output must pass: `check = "rustc"`, `"none"`, or a command
-/// (`["cargo", "check"]`). Without `check`, steps that declare `.rs` outputs get `rustc`.
+/// The check a step's output must pass: `check = "cargo check"`, `"cargo test"`, `"rustc"`,
+/// `"none"`, or a command (`["make", "lint"]`). Without `check`, steps that declare `.rs`
+/// outputs get `cargo check`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckSpec {
-    /// Type-check the generated tree with rustc, mounted as the crate mounts it.
+    /// `cargo check --all-targets` of the package, with the step's candidate tree mounted
+    /// where the build entry mounts the recorded one.
+    CargoCheck,
+    /// `cargo test` of the package, mounted the same way: the crate's own tests are the
+    /// step's acceptance test.
+    CargoTest,
+    /// Type-check the generated tree alone with rustc, mounted as the crate mounts it.
     Rustc,
     /// No check.
     None,
@@ -519,6 +534,8 @@ impl CheckSpec {
     /// How it is written in the metadata, e.g. `rustc` or `cargo check`.
     pub fn describe(&self) -> String {
         match self {
+            CheckSpec::CargoCheck => "cargo check".into(),
+            CheckSpec::CargoTest => "cargo test".into(),
             CheckSpec::Rustc => "rustc".into(),
             CheckSpec::None => "none".into(),
             CheckSpec::Command(words) => words.join(" "),
@@ -1327,7 +1344,7 @@ pub fn load(
             });
         }
         let check = layered!(check).unwrap_or_else(|| {
-            if step.outputs.iter().any(|o| o.ends_with(".rs")) { CheckSpec::Rustc } else { CheckSpec::None }
+            if step.outputs.iter().any(|o| o.ends_with(".rs")) { CheckSpec::CargoCheck } else { CheckSpec::None }
         });
         steps.push(StepConfig {
             system_prompt: layered!(system_prompt),
@@ -1337,6 +1354,7 @@ pub fn load(
             protocol: layered!(protocol).unwrap_or_default(),
             check,
             check_rounds: layered!(check_rounds).unwrap_or(codegen_core::Step::DEFAULT_CHECK_ROUNDS),
+            seed_retries: layered!(seed_retries).unwrap_or(0),
             id: step.id,
             prompt: step.prompt,
             prompt_display: step.prompt_display,
@@ -1432,6 +1450,8 @@ impl Ctx<'_> {
 
     fn check(&self, value: &Spanned<CheckValue>) -> Result<CheckSpec, ConfigError> {
         match value.get_ref() {
+            CheckValue::Word(word) if word == "cargo check" => Ok(CheckSpec::CargoCheck),
+            CheckValue::Word(word) if word == "cargo test" => Ok(CheckSpec::CargoTest),
             CheckValue::Word(word) if word == "rustc" => Ok(CheckSpec::Rustc),
             CheckValue::Word(word) if word == "none" => Ok(CheckSpec::None),
             CheckValue::Command(words) if words.first().is_some_and(|w| !w.trim().is_empty()) => {
@@ -1567,6 +1587,7 @@ struct Shared {
     system_prompt: Option<PathBuf>,
     check: Option<CheckSpec>,
     check_rounds: Option<u32>,
+    seed_retries: Option<u32>,
 }
 
 /// The shared keys of `$table` (a `ChainTable` or a `StepTable`), checked in `$ctx`;
@@ -1587,6 +1608,7 @@ macro_rules! check_shared {
                 .transpose()?,
             check: table.check.as_ref().map(|v| ctx.check(v)).transpose()?,
             check_rounds: value(&table.check_rounds),
+            seed_retries: value(&table.seed_retries),
         }
     }};
 }

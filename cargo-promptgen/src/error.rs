@@ -39,13 +39,28 @@ pub enum Error {
         reason: String,
     },
     /// A step failed; nothing was recorded for it.
-    #[error("step `{id}` failed; nothing of it was recorded: the lock, the stored outputs and the build's previous outputs are unchanged")]
+    #[error("step `{id}` failed{}; nothing of it was recorded: the lock, the stored outputs and the build's previous outputs are unchanged{}",
+        if *runs > 1 { format!(" in each of its {runs} runs (seed_retries)") } else { String::new() },
+        if *runs > 1 { "\nEach run is in its transcript; the cause below is the last run's." } else { "" })]
     Step {
         /// The step.
         id: String,
+        /// How many times it ran (more than once with `seed_retries`).
+        runs: u32,
         /// What went wrong, with the step's transcript.
         #[source]
         source: Box<codegen_core::StepFailure>,
+    },
+    /// A step's check could run only in part when the step ran (its tests needed what a
+    /// later step writes), and fails now that the chain is complete.
+    #[error("step `{id}` was recorded, but its check `{check}` fails now that the whole chain is written (it could only run in part when the step ran):\n{diagnostics}\nRun `cargo promptgen --step {id}`: with the chain complete, its check runs in full and the model gets these messages.")]
+    CheckFailedOnceComplete {
+        /// The step.
+        id: String,
+        /// The check.
+        check: String,
+        /// What it said.
+        diagnostics: String,
     },
     /// The backend could not be opened.
     #[error("step `{id}` could not open its backend")]

@@ -1,12 +1,15 @@
 //! Running steps: each in a scratch copy of the tree the steps before it produced, then
 //! recording the result, one step at a time.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use codegen_core::sandbox::Sandbox;
+use codegen_core::check::CheckOutcome;
+use codegen_core::sandbox::{Sandbox, SandboxBuilder};
 use codegen_core::transcript::{Event, Volatility};
 
-use crate::config::{Chain, StepConfig};
+use crate::check::{CheckSetup, Later, check_for};
+use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::Error;
 use crate::layout::Layout;
 use crate::lock::{sha256_hex, Lock, LockedFile, LockedStep};
@@ -32,6 +35,17 @@ pub enum Progress {
         id: String,
         /// Why it runs.
         reasons: Vec<String>,
+    },
+    /// A run of the step failed, and it runs again with another seed (`seed_retries`).
+    Retry {
+        /// The step.
+        id: String,
+        /// The run about to start (2 for the first retry).
+        run: u32,
+        /// Its seed.
+        seed: u64,
+        /// Why the last run failed.
+        reason: String,
     },
     /// A model call of the running step returned.
     ModelCall {
@@ -102,7 +116,12 @@ pub fn bring_up_to_date(
         removed: Vec::new(),
         tree: Files::new(),
     };
-    for step in &chain.steps {
+    // Each step's files as recorded now, read when a step first needs the rest of the chain
+    // mounted for its check; updated as steps run.
+    let mut recorded: Option<BTreeMap<String, Files>> = None;
+    // Steps whose check could only run in part, to run in full once the chain is complete.
+    let mut put_off = Vec::new();
+    for (index, step) in chain.steps.iter().enumerate() {
         let previous = match result.steps.last() {
             None => Previous::First,
             Some((entry, _)) => Previous::Recorded(entry),
@@ -113,7 +132,13 @@ pub fn bring_up_to_date(
             StepState::Stale(reasons) => {
                 progress(Progress::StepStarted { id: step.id.clone(), reasons: reasons.clone() });
                 let started = Instant::now();
-                let ran = run_step(chain, layout, step, &assessed, &result.tree, progress)?;
+                let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));
+                let (mounted, later) = the_rest_of_the_chain(chain, index, recorded);
+                let ran = run_step(chain, layout, step, &assessed, &result.tree, mounted, later, progress)?;
+                recorded.insert(step.id.clone(), ran.files.clone());
+                if ran.put_off {
+                    put_off.push(step);
+                }
                 target_store.save(&step.id, &ran.files, &ran.transcript)?;
                 target_lock.upsert(ran.entry.clone(), &order);
                 target_lock.write(&target_lock_path)?;
@@ -159,6 +184,9 @@ pub fn bring_up_to_date(
             records.lock = target_lock.clone();
         }
     }
+    for step in put_off {
+        check_in_full(chain, layout, step, &result.tree)?;
+    }
     match destination {
         Destination::Pending if !result.regenerated.is_empty() => {
             target_lock.steps.retain(|s| order.contains(&s.id));
@@ -175,80 +203,211 @@ struct Ran {
     files: Files,
     transcript: String,
     notes: Vec<String>,
+    /// Its check passed only in part: the rest runs once the chain is complete.
+    put_off: bool,
 }
 
-/// Runs one step in a scratch copy of `tree`; nothing outside the scratch folder changes.
+/// Every step's recorded files that can be read and check out against the lock (pending
+/// results first, as a build would use them).
+pub fn recorded_files(chain: &Chain, records: &Records) -> BTreeMap<String, Files> {
+    let mut recorded = BTreeMap::new();
+    for step in &chain.steps {
+        let pending = records.pending.as_ref().and_then(|lock| lock.step(&step.id)).and_then(|e| records.pending_store.load(e).ok());
+        let files = pending.or_else(|| records.lock.step(&step.id).and_then(|e| records.store.load(e).ok()));
+        if let Some(files) = files {
+            recorded.insert(step.id.clone(), files);
+        }
+    }
+    recorded
+}
+
+/// For the check of step `index`: the recorded files of the steps after it, mounted beneath
+/// its candidate tree so that the crate is whole, and what those steps own, so that errors
+/// about them are not blamed on this step (a module no step has written yet included).
+pub fn the_rest_of_the_chain(chain: &Chain, index: usize, recorded: &BTreeMap<String, Files>) -> (Files, Later) {
+    let mut mounted = Files::new();
+    let mut later = Later::default();
+    for step in &chain.steps[index + 1..] {
+        match recorded.get(&step.id) {
+            Some(files) => {
+                for (path, bytes) in files {
+                    mounted.insert(path.clone(), bytes.clone());
+                    later.files.insert(path.clone(), step.id.clone());
+                }
+            }
+            None => {
+                for output in &step.outputs {
+                    if let Some(stem) = output.strip_suffix(".rs") {
+                        let module = stem.rsplit('/').next().unwrap_or(stem);
+                        later.missing_modules.insert(module.to_string(), step.id.clone());
+                    }
+                }
+            }
+        }
+    }
+    (mounted, later)
+}
+
+/// Runs `step`'s check on the whole chain's `tree`, for a step whose check could only run in
+/// part when it ran (its tests needed a module a later step wrote).
+fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files) -> Result<(), Error> {
+    let work = layout.work_dir();
+    codegen_core::fs::create_dir_all(&work)?;
+    let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-full-", step.id))?;
+    let root = scratch.path().join("tree");
+    sync_dir(&root, tree)?;
+    let setup = CheckSetup {
+        chain,
+        layout,
+        step,
+        scratch: scratch.path().join("check"),
+        mounted: Files::new(),
+        later: Later::default(),
+    };
+    let Some(mut check) = check_for(setup) else { return Ok(()) };
+    let failure = match check.run(&root) {
+        Ok(CheckOutcome::Failed(diagnostics)) => diagnostics,
+        Ok(_) => return Ok(()),
+        Err(error) => error.to_string(),
+    };
+    Err(Error::CheckFailedOnceComplete { id: step.id.clone(), check: check.name(), diagnostics: failure })
+}
+
+/// Runs one step in a scratch copy of `tree`, with the rest of the chain (`mounted`,
+/// `later`) for its check; again with the next seed after a failed run, up to
+/// `seed_retries` times. Nothing outside the scratch folders changes.
+#[allow(clippy::too_many_arguments)]
 fn run_step(
     chain: &Chain,
     layout: &Layout,
     step: &StepConfig,
     assessed: &Assessed,
     tree: &Files,
+    mounted: Files,
+    later: Later,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ran, Error> {
     let work = layout.work_dir();
     codegen_core::fs::create_dir_all(&work)?;
-    let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
-    let output_root = scratch.path().join("tree");
-    sync_dir(&output_root, tree)?;
-
-    let mut builder = Sandbox::builder(&output_root).links_within(&chain.package_dir);
-    for input in &step.inputs {
-        builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
-    }
-    let mut sandbox = builder.build().map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
     let mut backend =
         chain.backend_config(step).open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
-
     let prompt = codegen_core::fs::read_to_string(&step.prompt)?;
-    let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
-    core_step.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
-    if let Some(path) = &step.system_prompt {
-        core_step.system_prompt(codegen_core::fs::read_to_string(path)?);
-    }
-    if let Some(seed) = step.seed {
-        core_step.seed(seed);
-    }
-    if let Some(temperature) = step.temperature {
-        core_step.temperature(temperature);
-    }
-    for output in &step.outputs {
-        core_step.expect_output(output.clone());
-    }
+    let system_prompt = step.system_prompt.as_deref().map(codegen_core::fs::read_to_string).transpose()?;
 
-    let started = Instant::now();
-    let mut tokens = 0;
-    let mut observer = |event: &Event| {
-        if let Event::ModelCall { number, usage, .. } = event {
-            tokens += usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
-            progress(Progress::ModelCall { id: step.id.clone(), number: *number, tokens, elapsed: started.elapsed() });
+    let mut transcripts = String::new();
+    let runs = step.seed_retries + 1;
+    let mut run = 1;
+    loop {
+        // The first run uses the configured seed (or none); each retry the next one.
+        let seed = if run == 1 { step.seed } else { Some(step.seed.unwrap_or(0) + u64::from(run - 1)) };
+        let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
+        let output_root = scratch.path().join("tree");
+        sync_dir(&output_root, tree)?;
+        let mut sandbox = sandbox_for(chain, step, &output_root)
+            .build()
+            .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
+
+        let mut core_step = codegen_core::Step::new(step.model.clone(), prompt.clone());
+        core_step.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
+        if let Some(text) = &system_prompt {
+            core_step.system_prompt(text.clone());
         }
-    };
-    let check = crate::check::check_for(chain, step, &scratch.path().join("check"));
-    let output = match check {
-        Some(mut check) => core_step.run_checked(backend.as_mut(), &mut sandbox, check.as_mut(), &mut observer),
-        None => core_step.run_observed(backend.as_mut(), &mut sandbox, &mut observer),
-    }
-    .map_err(|source| Error::Step { id: step.id.clone(), source: Box::new(source) })?;
+        if let Some(seed) = seed {
+            core_step.seed(seed);
+        }
+        if let Some(temperature) = step.temperature {
+            core_step.temperature(temperature);
+        }
+        for output in &step.outputs {
+            core_step.expect_output(output.clone());
+        }
 
-    let mut files = Files::new();
-    for path in &output.written {
-        let bytes = codegen_core::fs::read(&output_root.join(path))?;
-        files.insert(path.clone(), bytes);
+        let started = Instant::now();
+        let mut tokens = 0;
+        let mut observer = |event: &Event| {
+            if let Event::ModelCall { number, usage, .. } = event {
+                tokens += usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
+                progress(Progress::ModelCall { id: step.id.clone(), number: *number, tokens, elapsed: started.elapsed() });
+            }
+        };
+        let setup = CheckSetup {
+            chain,
+            layout,
+            step,
+            scratch: scratch.path().join("check"),
+            mounted: mounted.clone(),
+            later: later.clone(),
+        };
+        let outcome = match check_for(setup) {
+            Some(mut check) => core_step.run_checked(backend.as_mut(), &mut sandbox, check.as_mut(), &mut observer),
+            None => core_step.run_observed(backend.as_mut(), &mut sandbox, &mut observer),
+        };
+        let output = match outcome {
+            Ok(output) => output,
+            Err(failure) => {
+                transcripts.push_str(&failure.transcript.to_jsonl(Volatility::Omit));
+                let retry = matches!(failure.error, codegen_core::Error::BudgetExhausted { .. } | codegen_core::Error::CheckFailed { .. });
+                if retry && run < runs {
+                    run += 1;
+                    let seed = step.seed.unwrap_or(0) + u64::from(run - 1);
+                    progress(Progress::Retry { id: step.id.clone(), run, seed, reason: failure.error.to_string() });
+                    continue;
+                }
+                return Err(Error::Step { id: step.id.clone(), runs: run, source: Box::new(failure) });
+            }
+        };
+        transcripts.push_str(&output.transcript.to_jsonl(Volatility::Omit));
+
+        let mut files = Files::new();
+        for path in &output.written {
+            let bytes = codegen_core::fs::read(&output_root.join(path))?;
+            files.insert(path.clone(), bytes);
+        }
+        let put_off = output.transcript.events.iter().rev().find_map(|e| match e {
+            Event::Check { asked_by_model: false, put_off, .. } => Some(put_off.is_some()),
+            _ => None,
+        });
+        let totals = output.transcript.totals();
+        let entry = LockedStep {
+            id: step.id.clone(),
+            key: assessed.fingerprint.key(),
+            model_calls: totals.model_calls,
+            prompt_tokens: totals.prompt_tokens,
+            completion_tokens: totals.completion_tokens,
+            repairs: totals.repairs,
+            check_rounds: totals.check_rounds,
+            // Only a retry's seed differs from the one the fingerprint names.
+            seed: if run == 1 { None } else { seed },
+            fingerprint: assessed.fingerprint.clone(),
+            files: files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect(),
+        };
+        return Ok(Ran { entry, files, transcript: transcripts, notes: output.notes, put_off: put_off == Some(true) });
     }
-    let totals = output.transcript.totals();
-    let entry = LockedStep {
-        id: step.id.clone(),
-        key: assessed.fingerprint.key(),
-        model_calls: totals.model_calls,
-        prompt_tokens: totals.prompt_tokens,
-        completion_tokens: totals.completion_tokens,
-        repairs: totals.repairs,
-        check_rounds: totals.check_rounds,
-        fingerprint: assessed.fingerprint.clone(),
-        files: files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect(),
-    };
-    Ok(Ran { entry, files, transcript: output.transcript.to_jsonl(Volatility::Omit), notes: output.notes })
+}
+
+/// The sandbox of `step`'s model: it writes under `output_root` and reads its declared
+/// inputs; with a check in the crate it may also read the crate's own source files (not part
+/// of the step's key: the check, not the prompt, depends on them), since that check's
+/// messages point into them. The sandbox's rules (no secrets, no links out of the package)
+/// hold for all of them.
+fn sandbox_for(chain: &Chain, step: &StepConfig, output_root: &std::path::Path) -> SandboxBuilder {
+    let mut builder = Sandbox::builder(output_root).links_within(&chain.package_dir);
+    let mut mounted: Vec<String> = Vec::new();
+    for input in &step.inputs {
+        builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
+        mounted.push(input.virtual_path.clone());
+    }
+    if matches!(step.check, CheckSpec::CargoCheck | CheckSpec::CargoTest) {
+        for name in ["src", "tests", "examples", "benches", "build.rs", "Cargo.toml"] {
+            let real = chain.package_dir.join(name);
+            let taken = mounted.iter().any(|m| m == name || m.starts_with(&format!("{name}/")))
+                || step.outputs.iter().any(|o| o == name || o.starts_with(&format!("{name}/")));
+            if real.exists() && !taken {
+                builder = builder.input(name, real);
+            }
+        }
+    }
+    builder
 }
 
 /// What `accept` did.

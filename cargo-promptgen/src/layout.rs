@@ -13,7 +13,9 @@
 //! ├── pending/<package>/         results a build generated and nobody accepted yet,
 //! │   ├── promptgen.lock         laid out like the package (lock + store)
 //! │   └── promptgen/...
-//! └── work/<package>/            scratch trees of running steps
+//! ├── work/<package>/            scratch trees of running steps
+//! ├── check/<package>/<step>/    the tree a step's crate check mounts
+//! └── check-target/              Cargo's target folder for crate checks, of every package
 //! $OUT_DIR/promptgen/            the generated tree the crate compiles
 //! ```
 
@@ -68,6 +70,17 @@ impl Layout {
     /// The pending store.
     pub fn pending_store(&self) -> Store {
         Store { root: self.pending_dir().join(STORE_DIR) }
+    }
+
+    /// Cargo's target folder for the crate checks of every package: kept between runs, and
+    /// shared, so that dependencies compile once per machine (per target folder).
+    pub fn check_target_dir(&self) -> PathBuf {
+        self.target_area.join("check-target")
+    }
+
+    /// Where step `id`'s check mounts its tree (`PROMPTGEN_TREE`).
+    pub fn check_tree_dir(&self, id: &str) -> PathBuf {
+        self.target_area.join("check").join(&self.package_name).join(id)
     }
 
     /// Where running steps keep their scratch trees.

@@ -84,6 +84,7 @@
 mod build_script;
 mod check;
 mod config;
+mod diagnostics;
 mod error;
 mod generate;
 mod layout;

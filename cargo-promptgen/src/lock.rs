@@ -52,6 +52,10 @@ pub struct LockedStep {
     /// Failed checks answered with a repair round.
     #[serde(default)]
     pub check_rounds: u32,
+    /// The seed of the run that produced these files, when it is not the one the fingerprint
+    /// names: a retry after a failed run (`seed_retries`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// Everything that went into the key.
     pub fingerprint: Fingerprint,
     /// The files the step wrote, with their hashes.
@@ -219,6 +223,7 @@ mod tests {
                 completion_tokens: 0,
                 repairs: 0,
                 check_rounds: 0,
+                seed: None,
                 fingerprint,
                 files: vec![LockedFile { path: "view.rs".into(), sha256: sha256_hex(b"view") }],
             }],

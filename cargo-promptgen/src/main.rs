@@ -230,6 +230,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut show = |p: Progress| {
         let line = match p {
             Progress::StepStarted { id, reasons } => format!("step {id}: running, because {}", reasons.join("; ")),
+            Progress::Retry { id, run, seed, reason } => {
+                let reason = reason.lines().next().unwrap_or_default();
+                format!("step {id}: run {run}, with seed {seed}, because the last run failed: {reason}")
+            }
             Progress::ModelCall { id, number, tokens, elapsed } => {
                 format!("step {id}: model call {number}, {tokens} tokens so far, {:.1}s", elapsed.as_secs_f64())
             }
@@ -313,8 +317,9 @@ fn status(selection: &Selection) -> anyhow::Result<ExitCode> {
 
 fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
     let rows = report::status(chain, layout)?;
-    let header = ["step", "prompt", "state", "files", "backend", "model", "calls", "tokens", "repairs", "check_rounds"];
-    let cells: Vec<[String; 10]> = rows
+    let header =
+        ["step", "prompt", "state", "files", "backend", "model", "seed", "calls", "tokens", "repairs", "check_rounds"];
+    let cells: Vec<[String; 11]> = rows
         .iter()
         .map(|r| {
             let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -325,6 +330,7 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
                 r.files.to_string(),
                 r.backend.clone(),
                 r.model.clone(),
+                opt(r.seed.map(|v| v.to_string())),
                 opt(r.model_calls.map(|v| v.to_string())),
                 opt(r.tokens.map(|v| v.to_string())),
                 opt(r.repairs.map(|v| v.to_string())),
@@ -344,6 +350,9 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
     println!("{}", line(&header.map(String::from)));
     for row in &cells {
         println!("{}", line(row));
+    }
+    for row in rows.iter().filter(|r| r.retried) {
+        println!("step {} was recorded from a retry, with seed {} (seed_retries)", row.id, row.seed.unwrap_or_default());
     }
     for row in rows.iter().filter(|r| !r.reasons.is_empty()) {
         println!("step {} is stale: {}", row.id, row.reasons.join("; "));

@@ -72,6 +72,10 @@ pub struct StatusRow {
     pub repairs: Option<u32>,
     /// Failed compile checks of the recorded run, each answered with a repair round.
     pub check_rounds: Option<u32>,
+    /// The seed of the run that produced the recorded files.
+    pub seed: Option<u64>,
+    /// Whether that run was a retry with another seed than the configured one.
+    pub retried: bool,
 }
 
 /// The status of every step.
@@ -101,6 +105,8 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
                 tokens: recorded.map(|e| e.prompt_tokens + e.completion_tokens),
                 repairs: recorded.map(|e| e.repairs),
                 check_rounds: recorded.map(|e| e.check_rounds),
+                seed: recorded.and_then(|e| e.seed.or(e.fingerprint.seed)),
+                retried: recorded.is_some_and(|e| e.seed.is_some()),
             }
         })
         .collect())

@@ -80,6 +80,7 @@ backend = "ollama"
 model = "fake-coder"
 seed = 1
 temperature = 0.0
+check = "rustc"
 
 [[package.metadata.promptgen.steps]]
 id = "01"
@@ -160,6 +161,7 @@ backend = "ollama"
 model = "fake-coder"
 seed = 1
 temperature = 0.0
+check = "rustc"
 
 [[package.metadata.promptgen.steps]]
 id = "01"
@@ -387,13 +389,13 @@ fn assert_fresh(package: &Package) {
     assert!(stdout(&out).contains("All 1 steps of"), "{}", text(&out));
 }
 
-/// A one-step package writing a.rs, recorded once with the default check (rustc).
+/// A one-step package writing a.rs, recorded once with the default check (`cargo check`).
 fn recorded_rust_step(server: &FakeLlm) -> Package {
     let package = Package::new(ONE_RUST_STEP, "");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert_eq!(entry(&package, "01").fingerprint.check.as_deref(), Some("rustc --edition=2021"));
+    assert_eq!(entry(&package, "01").fingerprint.check.as_deref(), Some("cargo check"));
     package
 }
 
@@ -404,17 +406,19 @@ fn changing_the_check_makes_the_step_stale_and_naming_the_default_does_not() {
     assert_fresh(&package);
     let outputs = "outputs = [\"a.rs\"]";
 
-    edit(&package, "Cargo.toml", outputs, "outputs = [\"a.rs\"]\ncheck = \"rustc\"");
+    edit(&package, "Cargo.toml", outputs, "outputs = [\"a.rs\"]\ncheck = \"cargo check\"");
     assert_fresh(&package);
-    edit(&package, "Cargo.toml", "check = \"rustc\"", "check = \"none\"");
-    assert_stale(&package, &["check changed: rustc --edition=2021 -> none"]);
-    edit(&package, "Cargo.toml", "check = \"none\"", "check = [\"sh\", \"-c\", \"true\"]");
-    assert_stale(&package, &["check changed: rustc --edition=2021 -> sh -c true"]);
-    edit(&package, "Cargo.toml", "check = [\"sh\", \"-c\", \"true\"]", "check = \"rustc\"");
+    edit(&package, "Cargo.toml", "check = \"cargo check\"", "check = \"none\"");
+    assert_stale(&package, &["check changed: cargo check -> none"]);
+    edit(&package, "Cargo.toml", "check = \"none\"", "check = \"rustc\"");
+    assert_stale(&package, &["check changed: cargo check -> rustc --edition=2021"]);
+    edit(&package, "Cargo.toml", "check = \"rustc\"", "check = [\"sh\", \"-c\", \"true\"]");
+    assert_stale(&package, &["check changed: cargo check -> sh -c true"]);
+    edit(&package, "Cargo.toml", "check = [\"sh\", \"-c\", \"true\"]", "check = \"cargo check\"");
     assert_fresh(&package);
 
     // The number of repair rounds is a budget, not part of what the model is asked.
-    edit(&package, "Cargo.toml", "check = \"rustc\"", "check = \"rustc\"\ncheck_rounds = 1");
+    edit(&package, "Cargo.toml", "check = \"cargo check\"", "check = \"cargo check\"\ncheck_rounds = 1");
     assert_fresh(&package);
     assert_eq!(server.requests().len(), 2, "check never calls a model");
 }
@@ -424,7 +428,7 @@ fn changing_the_check_does_not_claim_that_codegen_core_was_updated() {
     let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
     let package = recorded_rust_step(&server);
     edit(&package, "Cargo.toml", "outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck = \"none\"");
-    let line = assert_stale(&package, &["check changed: rustc --edition=2021 -> none"]);
+    let line = assert_stale(&package, &["check changed: cargo check -> none"]);
     assert!(!line.contains("codegen-core was updated"), "{line}");
 }
 
@@ -438,6 +442,7 @@ backend = "ollama"
 model = "fake-coder"
 seed = 1
 temperature = 0.0
+check = "rustc"
 
 [[package.metadata.promptgen.steps]]
 id = "01"
@@ -482,7 +487,8 @@ fn a_failed_check_shows_its_diagnostics_once() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_eq!(server.requests().len(), 2, "no repair round is allowed: {}", text(&out));
     let err = stderr(&out);
-    assert!(err.contains("the files still fail `rustc` after 0 repair rounds"), "{err}");
+    assert!(err.contains("the files still fail `cargo check` after 0 repair rounds"), "{err}");
+    // Once, although the crate's binary and its test build both compile the file.
     assert_eq!(err.matches("error[E0308]").count(), 1, "{err}");
     assert_eq!(err.matches("still fail").count(), 1, "{err}");
     assert!(!package.path("promptgen.lock").exists());

@@ -1,0 +1,360 @@
+//! Checks in the crate, as a user with a real crate meets them: the package depends on
+//! crates.io crates (serde, serde_json), has a hand-written module the generated code uses,
+//! and a `main.rs` and tests that use the generated code. Real binary, real `cargo`, the fake
+//! LLM server on loopback.
+//!
+//! Covered: correct code passes the default check (`cargo check`) first time; a mistake only
+//! the crate reveals (a wrong field name) reaches the model with the compiler's message and
+//! the fix is recorded; under `cargo test` a failing hand-written test reaches the model by
+//! name; silence after a refused `finish` fails the step and records nothing; an online build
+//! that regenerates (cargo inside cargo) finishes; a chain written from nothing puts off what
+//! later steps own and checks it in full at the end; `seed_retries`; secrets in the
+//! environment never reach the model through a test's output.
+
+mod support;
+
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cargo_promptgen::__private::lock::Lock;
+use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
+use support::{Package, changes, finish, run, snapshot, stderr, text, write};
+
+const METADATA: &str = r#"
+[dependencies]
+serde = { version = "1", features = ["derive"] }
+serde_json = "1"
+
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+seed = 7
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["user_json.rs"]
+"#;
+
+const DOMAIN: &str = "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";
+
+const MAIN: &str = r##"mod domain;
+
+#[allow(dead_code)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
+}
+
+fn main() {
+    let user = domain::User { name: "Ada".into(), age: 36 };
+    println!("{}", generated::user_json::to_json(&user));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ada() -> domain::User {
+        domain::User { name: "Ada".into(), age: 36 }
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        assert_eq!(generated::user_json::to_json(&ada()), r#"{"name":"Ada","age":36}"#);
+    }
+
+    #[test]
+    fn the_description_names_the_user_and_the_age() {
+        assert_eq!(generated::user_json::describe(&ada()), "Ada (36)");
+    }
+}
+"##;
+
+/// Correct: uses serde_json and the crate's own `domain::User`.
+const GOOD: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.name, user.age)\n}\n";
+/// Compiles alone; only the crate shows that `User` has no field `nmae`.
+const TYPO: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.nmae, user.age)\n}\n";
+/// Compiles; fails the hand-written test of the description.
+const WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{}, {}\", user.name, user.age)\n}\n";
+
+/// A package with serde and serde_json, `src/domain.rs` and a `main.rs` with tests that use
+/// the generated module; `metadata` changed by `edit` first. It resolves its dependencies from
+/// the workspace's lock file, offline.
+fn package(edit: impl Fn(&str) -> String) -> Package {
+    let package = Package::new(&edit(METADATA), "");
+    package.write("src/domain.rs", DOMAIN);
+    package.write("src/main.rs", MAIN);
+    package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
+    package.write("Cargo.lock", &lock);
+    // Prune the lock to this package, as a real crate's already is: cargo would do it during
+    // the first check otherwise.
+    let out = run(&mut package.cargo(&["metadata", "--format-version", "1", "--offline"]));
+    assert!(out.status.success(), "{}", text(&out));
+    package
+}
+
+fn last_message(request: &RecordedRequest) -> String {
+    let body = request.json();
+    body["messages"].as_array().and_then(|m| m.last()).and_then(|m| m["content"].as_str()).unwrap_or_default().to_string()
+}
+
+fn lock_of(package: &Package) -> Lock {
+    Lock::read(&package.path("promptgen.lock")).expect("the lock parses")
+}
+
+fn promptgen(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
+    run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()).env("CARGO_NET_OFFLINE", "true"))
+}
+
+#[test]
+fn correct_code_that_uses_the_crate_and_its_dependencies_passes_the_default_check_first_time() {
+    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish()]);
+    let package = package(|m| m.to_string());
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 2, "{}", text(&out));
+    let step = lock_of(&package).steps[0].clone();
+    assert_eq!((step.check_rounds, step.repairs), (0, 0), "{step:?}");
+    assert_eq!(step.fingerprint.check.as_deref(), Some("cargo check"));
+    // The system prompt names the check; the crate's own files are readable.
+    let system = server.requests()[0].json()["messages"][0]["content"].as_str().unwrap().to_string();
+    assert!(system.contains("must pass the check `cargo check`"), "{system}");
+    let out = run(package.cargo(&["run", "--quiet"]).env("PROMPTGEN_OFFLINE", "1").env("CARGO_NET_OFFLINE", "true"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"name":"Ada","age":36}"#, "{}", text(&out));
+}
+
+#[test]
+fn a_mistake_only_the_crate_shows_reaches_the_model_with_the_compilers_message_and_the_fix_is_recorded() {
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", TYPO),
+        finish(),
+        Reply::turn(Turn::call("read_file", serde_json::json!({"path": "src/domain.rs"}))),
+        write("user_json.rs", GOOD),
+        finish(),
+    ]);
+    let package = package(|m| m.to_string());
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 5, "{}", text(&out));
+    let refusal = last_message(&server.requests()[2]);
+    for phrase in ["`finish` refused", "`cargo check`", "error[E0609]", "no field `nmae`", "user_json.rs:8:", "user.nmae"] {
+        assert!(refusal.contains(phrase), "expected `{phrase}` in:\n{refusal}");
+    }
+    for leak in ["/out/promptgen", "check-target", "/tmp/", &package.dir.path().display().to_string()] {
+        assert!(!refusal.contains(leak), "a build path leaks ({leak}):\n{refusal}");
+    }
+    // The crate's file the message points at can be read.
+    let read = last_message(&server.requests()[3]);
+    assert!(read.contains("pub struct User") && read.contains("pub name: String"), "{read}");
+    let step = lock_of(&package).steps[0].clone();
+    assert_eq!(step.check_rounds, 1, "{step:?}");
+    assert_eq!(package.read("promptgen/01/user_json.rs"), GOOD);
+}
+
+#[test]
+fn under_cargo_test_a_failing_hand_written_test_reaches_the_model_by_name_and_the_fix_is_recorded() {
+    let server = FakeLlm::start(vec![write("user_json.rs", WRONG), finish(), write("user_json.rs", GOOD), finish()]);
+    let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\n"));
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 4, "{}", text(&out));
+    let refusal = last_message(&server.requests()[2]);
+    for phrase in [
+        "`cargo test`",
+        "1 test failed",
+        "test `tests::the_description_names_the_user_and_the_age`",
+        "assertion `left == right` failed",
+        "\"Ada, 36\"",
+        "\"Ada (36)\"",
+        "src/main.rs:",
+    ] {
+        assert!(refusal.contains(phrase), "expected `{phrase}` in:\n{refusal}");
+    }
+    assert!(!refusal.contains("json_has_every_field"), "only failing tests are named:\n{refusal}");
+    assert_eq!(lock_of(&package).steps[0].fingerprint.check.as_deref(), Some("cargo test"));
+    assert_eq!(package.read("promptgen/01/user_json.rs"), GOOD);
+}
+
+#[test]
+fn silence_after_a_refused_finish_fails_the_step_and_records_nothing() {
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", TYPO),
+        finish(),
+        Reply::turn(Turn::text("The file is written.")),
+        Reply::turn(Turn::text("I am done.")),
+    ]);
+    let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck_rounds = 2\n"));
+    let before = snapshot(package.dir.path());
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(server.requests().len(), 4, "{}", text(&out));
+    let told = last_message(&server.requests()[3]);
+    assert!(told.contains("You stopped without calling `finish`") && told.contains("no field `nmae`"), "{told}");
+    let err = stderr(&out);
+    assert!(err.contains("step `01` failed") && err.contains("still fail `cargo check`"), "{err}");
+    assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new(), "nothing recorded");
+}
+
+/// Waits for `child`, killing it after `limit`: a hang fails the test instead of the suite.
+fn wait_or_kill(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("still running after {limit:?}: a deadlock?\n{}", text(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `cargo build` whose build script regenerates a stale step runs the step's `cargo check`:
+/// cargo inside cargo. The inner build has its own target folder and its build entry mounts
+/// the candidate without waiting on the lock the outer one holds.
+#[test]
+fn an_online_build_that_regenerates_runs_its_crate_check_without_deadlock() {
+    let server = FakeLlm::start(vec![write("user_json.rs", TYPO), finish(), write("user_json.rs", GOOD), finish()]);
+    let package = package(|m| m.to_string());
+    let child = package
+        .cargo(&["build"])
+        .env("PROMPTGEN_BASE_URL", server.url())
+        .env("CARGO_NET_OFFLINE", "true")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_or_kill(child, Duration::from_secs(600));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(server.requests().len(), 4, "{}", text(&out));
+    assert!(last_message(&server.requests()[2]).contains("no field `nmae`"));
+    assert!(stderr(&out).contains("cargo promptgen accept"), "{}", text(&out));
+    assert!(!package.path("promptgen.lock").exists(), "a build never writes the package");
+}
+
+const TWO_STEPS_FROM_NOTHING: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+check = "cargo test"
+
+[[package.metadata.promptgen.steps]]
+id = "02"
+prompt = "prompts/02.md"
+outputs = ["b.rs"]
+"#;
+
+/// `main.rs` uses both steps' modules, and its test checks step 01's `a`: nothing compiles
+/// until step 02 has written `b.rs`.
+const MAIN_OF_TWO: &str = "#[allow(dead_code)]\nmod generated {\n    include!(concat!(env!(\"OUT_DIR\"), \"/promptgen.rs\"));\n}\n\nfn main() {\n    println!(\"{}\", generated::b::b());\n}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn a_says_a() {\n        assert_eq!(super::generated::a::a(), \"a\");\n    }\n}\n";
+
+fn two_step_package() -> Package {
+    let package = Package::new(TWO_STEPS_FROM_NOTHING, "");
+    package.write("src/main.rs", MAIN_OF_TWO);
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
+    package
+}
+
+#[test]
+fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at_the_end() {
+    let a = "pub fn a() -> &'static str { \"a\" }\n";
+    let b = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
+    let server = FakeLlm::start(vec![write("a.rs", a), finish(), write("b.rs", b), finish()]);
+    let package = two_step_package();
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 4, "step 01 is not blamed for `b`: {}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("put off") && err.contains("step 02"), "{err}");
+    let transcript = package.read("promptgen/01.transcript.jsonl");
+    assert!(transcript.contains("\"put_off\""), "{transcript}");
+
+    // Once the chain is complete, step 01's tests run, and a failing one is reported.
+    let wrong = "pub fn a() -> &'static str { \"A\" }\n";
+    server.push(write("a.rs", wrong));
+    server.push(finish());
+    std::fs::remove_file(package.path("promptgen.lock")).unwrap();
+    std::fs::remove_dir_all(package.path("promptgen")).unwrap();
+    server.push(write("b.rs", b));
+    server.push(finish());
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    for phrase in ["step `01` was recorded, but its check `cargo test` fails now that the whole chain is written", "a_says_a", "cargo promptgen --step 01"] {
+        assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
+    }
+    // With the chain complete, running the step again gives the model the failing test.
+    server.push(write("a.rs", wrong));
+    server.push(finish());
+    server.push(write("a.rs", a));
+    server.push(finish());
+    server.push(write("b.rs", b));
+    server.push(finish());
+    let out = promptgen(&package, &server, &["--step", "01"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let requests = server.requests();
+    let told = last_message(&requests[requests.len() - 4]);
+    assert!(told.contains("test `tests::a_says_a`") && told.contains("\"A\""), "{told}");
+}
+
+#[test]
+fn seed_retries_run_a_failed_step_again_with_the_next_seed_and_record_the_seed_that_worked() {
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", TYPO),
+        finish(),
+        write("user_json.rs", GOOD),
+        finish(),
+    ]);
+    let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck_rounds = 0\nseed_retries = 2\n"));
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let seeds: Vec<serde_json::Value> = server.requests().iter().map(|r| r.json()["options"]["seed"].clone()).collect();
+    assert_eq!(seeds, [7, 7, 8, 8], "the second run uses the next seed");
+    assert!(stderr(&out).contains("step 01: run 2, with seed 8"), "{}", text(&out));
+    let step = lock_of(&package).steps[0].clone();
+    assert_eq!(step.seed, Some(8), "{step:?}");
+    assert_eq!(step.fingerprint.seed, Some(7), "the key still names the configured seed");
+    let transcript = package.read("promptgen/01.transcript.jsonl");
+    assert_eq!(transcript.matches("\"event\":\"start\"").count(), 2, "both runs are in the transcript:\n{transcript}");
+    let status = run(&mut package.promptgen(&["status"]));
+    assert!(String::from_utf8_lossy(&status.stdout).contains("recorded from a retry, with seed 8"), "{}", text(&status));
+}
+
+/// A test's output goes back to the model, and through it to the model's server: a test that
+/// prints the environment must not find a secret in it.
+#[test]
+fn secrets_in_the_environment_never_reach_the_model_through_a_tests_output() {
+    let canary = "sk-canary-4f1d2e";
+    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish(), write("user_json.rs", GOOD), finish()]);
+    let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\ncheck_rounds = 1\n"));
+    let leaky = MAIN.replace(
+        "    #[test]\n    fn json_has_every_field() {",
+        "    #[test]\n    fn prints_the_environment() {\n        let env: Vec<String> = std::env::vars().map(|(k, v)| format!(\"{k}={v}\")).collect();\n        panic!(\"{}\", env.join(\" \"));\n    }\n\n    #[test]\n    fn json_has_every_field() {",
+    );
+    package.write("src/main.rs", &leaky);
+    let out = run(
+        package
+            .promptgen(&[])
+            .env("PROMPTGEN_BASE_URL", server.url())
+            .env("CARGO_NET_OFFLINE", "true")
+            .env("OPENAI_API_KEY", canary)
+            .env("MY_SERVICE_TOKEN", canary)
+            .env("AWS_SECRET_ACCESS_KEY", canary),
+    );
+    assert_eq!(out.status.code(), Some(1), "the test fails: {}", text(&out));
+    assert_eq!(server.requests().len(), 4, "{}", text(&out));
+    let told = last_message(&server.requests()[2]);
+    assert!(told.contains("prints_the_environment") && told.contains("PATH="), "the test ran and printed: {told}");
+    assert!(!told.contains(canary), "{told}");
+    for request in server.requests() {
+        assert!(!request.body.contains(canary), "a secret reached the server");
+    }
+    assert!(!stderr(&out).contains(canary), "{}", text(&out));
+}
