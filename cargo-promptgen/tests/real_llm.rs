@@ -20,7 +20,7 @@ use codegen_core::backend::{BackendConfig, BackendError, BackendKind};
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript};
 use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
-use support::{run, text, Package};
+use support::{Package, run, text};
 
 const WHY: &str = "needs a real llama.cpp server: run scripts/real-llm.sh";
 
@@ -141,7 +141,12 @@ fn a_native_step_gets_a_real_tool_call_runs_it_in_the_sandbox_and_counts_tokens(
         Event::ToolRun { model_call: 1, via, tool, .. } => Some((*via, tool.clone())),
         _ => None,
     });
-    assert_eq!(first_run, Some((CallSource::Native, "write_file".to_string())), "{}", transcript.to_jsonl(codegen_core::transcript::Volatility::Keep));
+    assert_eq!(
+        first_run,
+        Some((CallSource::Native, "write_file".to_string())),
+        "{}",
+        transcript.to_jsonl(codegen_core::transcript::Volatility::Keep)
+    );
     let first_call = transcript.events.iter().find_map(|e| match e {
         Event::ModelCall { number: 1, finish_reason, usage, .. } => Some((finish_reason.clone(), *usage)),
         _ => None,
@@ -154,7 +159,9 @@ fn a_native_step_gets_a_real_tool_call_runs_it_in_the_sandbox_and_counts_tokens(
         .events
         .iter()
         .filter_map(|e| match e {
-            Event::ToolRun { tool, ok: true, arguments: codegen_core::chat::Arguments::Object(args), .. } if tool == "write_file" => {
+            Event::ToolRun { tool, ok: true, arguments: codegen_core::chat::Arguments::Object(args), .. }
+                if tool == "write_file" =>
+            {
                 args.get("path").and_then(|p| p.as_str()).map(str::to_string)
             }
             _ => None,
@@ -213,7 +220,11 @@ fn a_prompt_over_the_context_window_is_a_clear_error_naming_what_to_change() {
     step.protocol(ToolProtocol::Json).max_steps(2);
     let started = Instant::now();
     let failure = step.run(backend(&server_url()).as_mut(), &mut sandbox).unwrap_err();
-    println!("MEASURE {} context overflow refused in {:.2}s: {failure}", server_kind(), started.elapsed().as_secs_f64());
+    println!(
+        "MEASURE {} context overflow refused in {:.2}s: {failure}",
+        server_kind(),
+        started.elapsed().as_secs_f64()
+    );
     match &failure.error {
         Error::Backend(BackendError::ContextOverflow { .. }) => {}
         other => panic!("expected a context overflow, got: {other}"),

@@ -127,4 +127,4 @@ pub mod transcript;
 
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;
-pub use run::{run_prompt, Error, Step, StepFailure, StepOutput};
+pub use run::{Error, Step, StepFailure, StepOutput, run_prompt};

@@ -4,16 +4,14 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::{Backend, BackendError, ChatRequest};
-use crate::check::{Check, CheckError, CheckOutcome};
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
+use crate::check::{Check, CheckError, CheckOutcome};
+use crate::protocol::ToolProtocol;
 use crate::protocol::blocks::{self, BlockCommand};
 use crate::protocol::text::{self, TextCalls};
-use crate::protocol::ToolProtocol;
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::tools::{self, ToolOutcome};
-use crate::transcript::{
-    CallSource, CallVolatile, EndOutcome, EndVolatile, Event, StartVolatile, Transcript,
-};
+use crate::transcript::{CallSource, CallVolatile, EndOutcome, EndVolatile, Event, StartVolatile, Transcript};
 
 /// One prompt to run: the model, its sampling settings, its budget and its contract.
 ///
@@ -237,11 +235,7 @@ pub enum Error {
 }
 
 fn missing_text(missing: &[String]) -> String {
-    if missing.is_empty() {
-        String::new()
-    } else {
-        format!("; still missing: {}", missing.join(", "))
-    }
+    if missing.is_empty() { String::new() } else { format!("; still missing: {}", missing.join(", ")) }
 }
 
 /// The state of one run of a [`Step`].
@@ -362,11 +356,8 @@ impl<'a> Run<'a> {
                     last_problem: self.last_problem.clone(),
                 });
             }
-            let specs: Vec<ToolSpec> = if self.protocol == ToolProtocol::Native {
-                tools::specs_for(self.check.is_some())
-            } else {
-                Vec::new()
-            };
+            let specs: Vec<ToolSpec> =
+                if self.protocol == ToolProtocol::Native { tools::specs_for(self.check.is_some()) } else { Vec::new() };
             let request = ChatRequest {
                 model: &self.step.model,
                 messages: &self.history,
@@ -577,7 +568,9 @@ impl<'a> Run<'a> {
             ToolProtocol::Json => {
                 "Answer with a JSON object such as {\"tool\": \"write_file\", \"arguments\": {\"path\": ..., \"content\": ...}}."
             }
-            ToolProtocol::Blocks => "Write each missing file between @@@write_begin(path) and @@@write_end, then @@@done.",
+            ToolProtocol::Blocks => {
+                "Write each missing file between @@@write_begin(path) and @@@write_end, then @@@done."
+            }
         }
     }
 

@@ -243,9 +243,10 @@ impl Transcript {
         for event in &self.events {
             let mut value = serde_json::to_value(event).map_err(io::Error::other)?;
             if volatility == Volatility::Omit
-                && let Some(object) = value.as_object_mut() {
-                    object.remove("volatile");
-                }
+                && let Some(object) = value.as_object_mut()
+            {
+                object.remove("volatile");
+            }
             serde_json::to_writer(&mut *out, &value).map_err(io::Error::other)?;
             out.write_all(b"\n")?;
         }

@@ -10,7 +10,7 @@ use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Volatility};
 use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 fn backend(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
     let mut config = BackendConfig::new(kind);
@@ -141,7 +141,13 @@ fn tool_calls_written_as_text_are_run_in_the_native_protocol() {
         let server = FakeLlm::start(vec![Reply::turn(Turn::text(&content)), Reply::turn(finish())]);
         let output = run(BackendKind::Ollama, &server, &setup, &Step::new("qwen2.5-coder:7b", "Write q.rs.")).unwrap();
         assert_eq!(setup.read("q.rs"), "fn q() {}\n", "content: {content}");
-        assert!(output.transcript.events.iter().any(|e| matches!(e, Event::ToolRun { via: CallSource::Text, ok: true, .. })));
+        assert!(
+            output
+                .transcript
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::ToolRun { via: CallSource::Text, ok: true, .. }))
+        );
         // A call made in text is answered in text: a tool-role message would answer no call id.
         let answer = sent_after(&server, 1);
         assert_eq!(answer.len(), 1);
@@ -155,7 +161,9 @@ fn a_model_without_tool_support_falls_back_to_the_json_protocol_and_says_so() {
     let setup = Setup::new();
     let server = FakeLlm::start(vec![
         Reply::error(400, "registry.ollama.ai/library/gemma:2b does not support tools"),
-        Reply::turn(Turn::text(&json!({"tool": "write_file", "arguments": {"path": "g.rs", "content": "g"}}).to_string())),
+        Reply::turn(Turn::text(
+            &json!({"tool": "write_file", "arguments": {"path": "g.rs", "content": "g"}}).to_string(),
+        )),
         Reply::turn(Turn::text(r#"{"tool": "finish", "arguments": {"summary": "done"}}"#)),
     ]);
     let mut step = Step::new("gemma:2b", "Write g.rs.");
@@ -164,14 +172,23 @@ fn a_model_without_tool_support_falls_back_to_the_json_protocol_and_says_so() {
     assert_eq!(output.protocol, ToolProtocol::Json);
     assert_eq!(setup.read("g.rs"), "g");
     assert!(output.notes.iter().any(|n| n.contains("fell back to the `json` protocol")), "{:?}", output.notes);
-    assert!(output.transcript.events.iter().any(|e| matches!(e, Event::Fallback { from: ToolProtocol::Native, to: ToolProtocol::Json, .. })));
+    assert!(
+        output
+            .transcript
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Fallback { from: ToolProtocol::Native, to: ToolProtocol::Json, .. }))
+    );
     assert_eq!(output.transcript.totals().model_calls, 2, "the rejected request is not a model call");
 
     let requests = server.requests();
     assert!(requests[0].json().get("tools").is_some());
     let second = requests[1].json();
     assert!(second.get("tools").is_none(), "no tools field after the fallback");
-    assert!(second["messages"][0]["content"].as_str().unwrap().contains("\"tool\""), "the system prompt now describes the JSON answer format");
+    assert!(
+        second["messages"][0]["content"].as_str().unwrap().contains("\"tool\""),
+        "the system prompt now describes the JSON answer format"
+    );
 }
 
 #[test]
@@ -193,7 +210,9 @@ fn blocks_protocol_writes_code_without_json_escaping() {
 fn every_broken_call_is_repaired_recorded_and_counted() {
     let setup = Setup::new();
     let server = FakeLlm::start(vec![
-        Reply::turn(Turn::calls(vec![FakeCall::new("write_file", json!(null)).shape(ArgsShape::RawString("{\"path\": ".into()))])),
+        Reply::turn(Turn::calls(vec![
+            FakeCall::new("write_file", json!(null)).shape(ArgsShape::RawString("{\"path\": ".into())),
+        ])),
         Reply::turn(Turn::call("delete_file", json!({"path": "x"}))),
         Reply::turn(Turn::call("write_file", json!({"path": "v.rs"}))),
         Reply::turn(write("../escape.rs", "x")),
@@ -211,7 +230,12 @@ fn every_broken_call_is_repaired_recorded_and_counted() {
     let repairs: Vec<&str> = output.transcript.repairs().collect();
     assert_eq!(repairs.len(), 5, "{repairs:#?}");
     assert!(repairs[0].contains("could not be read") && repairs[0].contains("not valid JSON"), "{}", repairs[0]);
-    assert!(repairs[1].contains("no tool `delete_file`") && repairs[1].contains("read_file, write_file, list_files, finish"), "{}", repairs[1]);
+    assert!(
+        repairs[1].contains("no tool `delete_file`")
+            && repairs[1].contains("read_file, write_file, list_files, finish"),
+        "{}",
+        repairs[1]
+    );
     assert!(repairs[2].contains("needs the argument `content`"), "{}", repairs[2]);
     assert!(repairs[3].contains("../escape.rs"), "{}", repairs[3]);
     assert!(repairs[4].contains("`finish` refused") && repairs[4].contains("v.rs"), "{}", repairs[4]);
@@ -343,7 +367,8 @@ fn a_reply_cut_off_at_the_output_cap_is_answered_not_taken_as_the_end() {
                      "finish_reason": "length"}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 512}
     });
-    let server = FakeLlm::start(vec![Reply::json(cut), Reply::turn(write("a.rs", "fn a() {}\n")), Reply::turn(finish())]);
+    let server =
+        FakeLlm::start(vec![Reply::json(cut), Reply::turn(write("a.rs", "fn a() {}\n")), Reply::turn(finish())]);
     let setup = Setup::new();
     let output = run(BackendKind::OpenAi, &server, &setup, &Step::new("m", "Write a.rs.")).unwrap();
     assert_eq!(output.end, EndOutcome::Finished);

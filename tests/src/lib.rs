@@ -67,19 +67,13 @@ impl RecordedRequest {
     /// If the body is not valid JSON (this is test support: a clear panic is the useful outcome).
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "fake LLM server: body of {} {} is not JSON ({e}): {:?}",
-                self.method, self.path, self.body
-            )
+            panic!("fake LLM server: body of {} {} is not JSON ({e}): {:?}", self.method, self.path, self.body)
         })
     }
 
     /// The value of the first header called `name` (case-insensitive), if any.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -115,12 +109,7 @@ pub struct FakeCall {
 impl FakeCall {
     /// A call of tool `name` with `arguments`, no explicit id, default argument shape.
     pub fn new(name: &str, arguments: Value) -> FakeCall {
-        FakeCall {
-            name: name.to_owned(),
-            arguments,
-            id: None,
-            arguments_as: ArgsShape::Default,
-        }
+        FakeCall { name: name.to_owned(), arguments, id: None, arguments_as: ArgsShape::Default }
     }
 
     /// Sets the call id.
@@ -152,10 +141,7 @@ pub struct Turn {
 impl Turn {
     /// A text-only turn.
     pub fn text(content: &str) -> Turn {
-        Turn {
-            content: Some(content.to_owned()),
-            ..Turn::calls(Vec::new())
-        }
+        Turn { content: Some(content.to_owned()), ..Turn::calls(Vec::new()) }
     }
 
     /// A turn with exactly one tool call and no content.
@@ -165,12 +151,7 @@ impl Turn {
 
     /// A turn with these tool calls and no content.
     pub fn calls(calls: Vec<FakeCall>) -> Turn {
-        Turn {
-            content: None,
-            tool_calls: calls,
-            prompt_tokens: 10,
-            completion_tokens: 5,
-        }
+        Turn { content: None, tool_calls: calls, prompt_tokens: 10, completion_tokens: 5 }
     }
 
     /// Sets the text content (e.g. to send text alongside tool calls).
@@ -241,11 +222,7 @@ impl Reply {
 
     /// Any status with this JSON body, verbatim.
     pub fn status(status: u16, body: Value) -> Reply {
-        Reply::Json {
-            status,
-            body,
-            headers: Vec::new(),
-        }
+        Reply::Json { status, body, headers: Vec::new() }
     }
 
     /// Adds a response header (e.g. `Retry-After`). A `Content-Type` given here replaces the
@@ -267,10 +244,7 @@ impl Reply {
     /// OpenAI shape. On any other path (a client calling the wrong endpoint) the reply is
     /// consumed and answered with a 404 error, as a real server would.
     pub fn turn(turn: Turn) -> Reply {
-        Reply::Turn {
-            turn,
-            headers: Vec::new(),
-        }
+        Reply::Turn { turn, headers: Vec::new() }
     }
 
     /// Reads the request, then sends nothing for `d` and closes the connection (a stall past
@@ -282,10 +256,7 @@ impl Reply {
     /// Sends a 200 whose headers declare the full JSON body's length, then only the first half
     /// of the body, then closes.
     pub fn truncated(body: Value) -> Reply {
-        Reply::Truncated {
-            body,
-            headers: Vec::new(),
-        }
+        Reply::Truncated { body, headers: Vec::new() }
     }
 
     /// Closes the connection right after reading the request, without any response.
@@ -300,11 +271,7 @@ impl Reply {
     /// The protocol is chosen from the request path like [`Reply::turn`]; on other paths,
     /// those containing `/api/` get the Ollama shape and the rest the OpenAI shape.
     pub fn error(status: u16, message: &str) -> Reply {
-        let kind = if status >= 500 {
-            "server_error"
-        } else {
-            "invalid_request_error"
-        };
+        let kind = if status >= 500 { "server_error" } else { "invalid_request_error" };
         Reply::openai_error(status, message, kind, None)
     }
 
@@ -333,10 +300,7 @@ impl From<Turn> for Reply {
 /// unlikely enough for tests.
 pub fn refused_url() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("fake LLM server: bind 127.0.0.1:0");
-    let port = listener
-        .local_addr()
-        .expect("fake LLM server: local_addr")
-        .port();
+    let port = listener.local_addr().expect("fake LLM server: local_addr").port();
     drop(listener);
     format!("http://127.0.0.1:{port}")
 }
@@ -422,11 +386,7 @@ impl FakeLlm {
             .name(format!("fake-llm-accept-{}", addr.port()))
             .spawn(move || accept_loop(listener, accept_shared))
             .expect("fake LLM server: spawn accept thread");
-        FakeLlm {
-            addr,
-            shared,
-            accept_thread: Some(accept_thread),
-        }
+        FakeLlm { addr, shared, accept_thread: Some(accept_thread) }
     }
 
     /// `http://127.0.0.1:PORT` (no trailing slash).
@@ -496,14 +456,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         }
         let conn_shared = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name(format!("fake-llm-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&stream, &conn_shared);
-                // Shut down explicitly: the clone kept in `open` would keep the socket alive.
-                let _ = stream.shutdown(Shutdown::Both);
-                conn_shared.lock().open.remove(&id);
-            });
+        let spawned = thread::Builder::new().name(format!("fake-llm-conn-{id}")).spawn(move || {
+            serve_connection(&stream, &conn_shared);
+            // Shut down explicitly: the clone kept in `open` would keep the socket alive.
+            let _ = stream.shutdown(Shutdown::Both);
+            conn_shared.lock().open.remove(&id);
+        });
         if spawned.is_err() {
             shared.lock().open.remove(&id);
         }
@@ -532,11 +490,9 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
             return;
         }
         let keep_going = match action {
-            Action::Respond {
-                status,
-                headers,
-                body,
-            } => write_response(&mut writer, status, &headers, &body, close_after).is_ok(),
+            Action::Respond { status, headers, body } => {
+                write_response(&mut writer, status, &headers, &body, close_after).is_ok()
+            }
             Action::Truncated { headers, body } => {
                 let _ = write_truncated(&mut writer, &headers, &body);
                 false
@@ -544,9 +500,7 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
             Action::Stall(d) => {
                 let state = shared.lock();
                 // Returns early when `Drop` sets `stopped` and signals.
-                let _ = shared
-                    .stop_signal
-                    .wait_timeout_while(state, d, |s| !s.stopped);
+                let _ = shared.stop_signal.wait_timeout_while(state, d, |s| !s.stopped);
                 false
             }
             Action::HangUp => false,
@@ -563,15 +517,8 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
 
 /// What a connection thread does with a request, decided under the lock.
 enum Action {
-    Respond {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: String,
-    },
-    Truncated {
-        headers: Vec<(String, String)>,
-        body: String,
-    },
+    Respond { status: u16, headers: Vec<(String, String)>, body: String },
+    Truncated { headers: Vec<(String, String)>, body: String },
     Stall(Duration),
     HangUp,
 }
@@ -596,23 +543,14 @@ fn chat_protocol(path: &str) -> Option<Protocol> {
 /// The protocol whose error shape a path gets: its chat protocol, else Ollama for `/api/…`
 /// paths (Ollama's native API lives there) and OpenAI for the rest.
 fn error_protocol(path: &str) -> Protocol {
-    chat_protocol(path).unwrap_or(if path.contains("/api/") {
-        Protocol::Ollama
-    } else {
-        Protocol::OpenAi
-    })
+    chat_protocol(path).unwrap_or(if path.contains("/api/") { Protocol::Ollama } else { Protocol::OpenAi })
 }
 
 /// Records the request, then picks and renders its answer, all under one lock so the record
 /// order is the answer order.
 fn answer(shared: &Shared, request: RecordedRequest) -> Action {
     let mut state = shared.lock();
-    let path = request
-        .path
-        .split('?')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let path = request.path.split('?').next().unwrap_or_default().to_owned();
     let is_get = request.method.eq_ignore_ascii_case("GET");
     // The model echoed in replies: the request's, like real servers.
     let model = serde_json::from_str::<Value>(&request.body)
@@ -621,11 +559,7 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
         .unwrap_or_else(|| "fake-model".to_owned());
     state.requests.push(request);
 
-    let ok = |body: Value| Action::Respond {
-        status: 200,
-        headers: Vec::new(),
-        body: body.to_string(),
-    };
+    let ok = |body: Value| Action::Respond { status: 200, headers: Vec::new(), body: body.to_string() };
     if is_get && path.ends_with("/api/version") {
         return ok(json!({ "version": "0.0.0-fake" }));
     }
@@ -634,36 +568,19 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
     }
 
     let Some(reply) = state.script.pop_front() else {
-        let message = format!(
-            "fake LLM server: script exhausted after {} replies",
-            state.served
-        );
+        let message = format!("fake LLM server: script exhausted after {} replies", state.served);
         return error_action(&path, 500, &message, "server_error", None, Vec::new());
     };
     state.served += 1;
     match reply {
-        Reply::Json {
-            status,
-            body,
-            headers,
-        } => Action::Respond {
-            status,
-            headers,
-            body: body.to_string(),
-        },
+        Reply::Json { status, body, headers } => Action::Respond { status, headers, body: body.to_string() },
         Reply::Turn { turn, headers } => match chat_protocol(&path) {
-            Some(Protocol::Ollama) => Action::Respond {
-                status: 200,
-                headers,
-                body: render_ollama(&turn, &model).to_string(),
-            },
+            Some(Protocol::Ollama) => {
+                Action::Respond { status: 200, headers, body: render_ollama(&turn, &model).to_string() }
+            }
             Some(Protocol::OpenAi) => {
                 let body = render_openai(&turn, &model, &mut state.next_call_id);
-                Action::Respond {
-                    status: 200,
-                    headers,
-                    body: body.to_string(),
-                }
+                Action::Respond { status: 200, headers, body: body.to_string() }
             }
             None => {
                 let message = format!(
@@ -673,17 +590,10 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
                 error_action(&path, 404, &message, "invalid_request_error", None, headers)
             }
         },
-        Reply::Error {
-            status,
-            message,
-            kind,
-            code,
-            headers,
-        } => error_action(&path, status, &message, &kind, code.as_deref(), headers),
-        Reply::Truncated { body, headers } => Action::Truncated {
-            headers,
-            body: body.to_string(),
-        },
+        Reply::Error { status, message, kind, code, headers } => {
+            error_action(&path, status, &message, &kind, code.as_deref(), headers)
+        }
+        Reply::Truncated { body, headers } => Action::Truncated { headers, body: body.to_string() },
         Reply::Stall(d) => Action::Stall(d),
         Reply::HangUp => Action::HangUp,
     }
@@ -703,11 +613,7 @@ fn error_action(
             "error": { "message": message, "type": kind, "param": null, "code": code }
         }),
     };
-    Action::Respond {
-        status,
-        headers,
-        body: body.to_string(),
-    }
+    Action::Respond { status, headers, body: body.to_string() }
 }
 
 /// The wire value of a call's arguments; `object_by_default` is the protocol's default shape.
@@ -783,11 +689,7 @@ fn render_openai(turn: &Turn, model: &str, next_call_id: &mut u64) -> Value {
             .collect();
         message["tool_calls"] = Value::Array(calls);
     }
-    let finish_reason = if turn.tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
-    };
+    let finish_reason = if turn.tool_calls.is_empty() { "stop" } else { "tool_calls" };
     json!({
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -835,10 +737,7 @@ fn malformed<T>(why: impl Into<String>) -> Result<T, ReadError> {
 fn read_line(reader: &mut impl BufRead, budget: &mut usize) -> Result<Option<String>, ReadError> {
     let mut line = Vec::new();
     // `take` bounds the read so a client streaming an endless line cannot exhaust memory.
-    let n = reader
-        .by_ref()
-        .take(*budget as u64 + 1)
-        .read_until(b'\n', &mut line)?;
+    let n = reader.by_ref().take(*budget as u64 + 1).read_until(b'\n', &mut line)?;
     if n == 0 {
         return Ok(None);
     }
@@ -858,10 +757,7 @@ fn read_line(reader: &mut impl BufRead, budget: &mut usize) -> Result<Option<Str
 
 /// Reads one request; `Ok(None)` when the client closed the connection between requests.
 /// `writer` is used only for `100 Continue`.
-fn read_request(
-    reader: &mut impl BufRead,
-    writer: &mut impl Write,
-) -> Result<Option<ParsedRequest>, ReadError> {
+fn read_request(reader: &mut impl BufRead, writer: &mut impl Write) -> Result<Option<ParsedRequest>, ReadError> {
     let mut budget = MAX_HEAD_BYTES;
     // RFC 9112 §2.2: ignore empty lines before the request line.
     let request_line = loop {
@@ -872,8 +768,7 @@ fn read_request(
         }
     };
     let mut parts = request_line.split_whitespace();
-    let (Some(method), Some(path), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(path), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return malformed(format!("bad request line {request_line:?}"));
     };
@@ -894,20 +789,11 @@ fn read_request(
         };
         headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
     }
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    };
+    let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
 
-    let connection = header("connection")
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let close_after = connection.contains("close")
-        || (version == "HTTP/1.0" && !connection.contains("keep-alive"));
-    let chunked =
-        header("transfer-encoding").is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
+    let connection = header("connection").unwrap_or_default().to_ascii_lowercase();
+    let close_after = connection.contains("close") || (version == "HTTP/1.0" && !connection.contains("keep-alive"));
+    let chunked = header("transfer-encoding").is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
     let content_length = match header("content-length") {
         None => None,
         Some(v) => match v.parse::<usize>() {
@@ -1003,17 +889,9 @@ fn reason_phrase(status: u16) -> &'static str {
 }
 
 /// The status line and headers, with `Content-Length` set to `content_length`.
-fn response_head(
-    status: u16,
-    headers: &[(String, String)],
-    content_length: usize,
-    close: bool,
-) -> String {
+fn response_head(status: u16, headers: &[(String, String)], content_length: usize, close: bool) -> String {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", reason_phrase(status));
-    if !headers
-        .iter()
-        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-    {
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-type")) {
         head.push_str("Content-Type: application/json\r\n");
     }
     for (name, value) in headers {
@@ -1040,11 +918,7 @@ fn write_response(
     writer.flush()
 }
 
-fn write_truncated(
-    writer: &mut impl Write,
-    headers: &[(String, String)],
-    body: &str,
-) -> io::Result<()> {
+fn write_truncated(writer: &mut impl Write, headers: &[(String, String)], body: &str) -> io::Result<()> {
     // No `Connection: close`: this simulates a server dying mid-body, not a planned close.
     let mut bytes = response_head(200, headers, body.len(), false).into_bytes();
     bytes.extend_from_slice(&body.as_bytes()[..body.len() / 2]);

@@ -120,8 +120,9 @@ pub(crate) struct HttpClient {
 
 impl HttpClient {
     pub fn new(config: HttpConfig) -> Result<HttpClient, String> {
-        let builder =
-            reqwest::blocking::Client::builder().connect_timeout(config.connect_timeout).timeout(config.request_timeout);
+        let builder = reqwest::blocking::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.request_timeout);
         #[cfg(feature = "tls")]
         let builder = builder.tls_backend_preconfigured(tls_config()?);
         let client = builder.build().map_err(|e| error_chain(&e))?;
@@ -142,11 +143,8 @@ impl HttpClient {
         loop {
             attempt += 1;
             let may_retry = attempt <= policy.max_retries;
-            let mut request = self
-                .client
-                .post(url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(bytes.clone());
+            let mut request =
+                self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(bytes.clone());
             if let Some(key) = bearer {
                 request = request.bearer_auth(key);
             }
@@ -213,9 +211,11 @@ fn jitter(wait: Duration) -> Duration {
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
-        }
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
+    }
     let secs = header("retry-after").and_then(|v| v.parse::<f64>().ok())?;
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)))
 }

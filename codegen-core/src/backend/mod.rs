@@ -202,7 +202,9 @@ pub enum BackendError {
         detail: String,
     },
     /// The connection broke before the whole reply arrived, even after retries.
-    #[error("{backend} at {url} broke off its reply ({attempts} attempts): {detail}\nCheck the server's log; it may have crashed or run out of memory.")]
+    #[error(
+        "{backend} at {url} broke off its reply ({attempts} attempts): {detail}\nCheck the server's log; it may have crashed or run out of memory."
+    )]
     Interrupted {
         /// Which backend.
         backend: BackendKind,
@@ -226,7 +228,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The model cannot take a `tools` field.
-    #[error("model `{model}` on {backend} does not support native tool calls: {server_message}\nSet `protocol = \"json\"` (or \"blocks\" for small models) for this step; the tools are then described in the prompt.")]
+    #[error(
+        "model `{model}` on {backend} does not support native tool calls: {server_message}\nSet `protocol = \"json\"` (or \"blocks\" for small models) for this step; the tools are then described in the prompt."
+    )]
     ToolsUnsupported {
         /// Which backend.
         backend: BackendKind,
@@ -236,7 +240,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The conversation no longer fits the server's context window.
-    #[error("{backend} at {url} says the conversation no longer fits the model's context window: {server_message}\nGive the server a larger context (llama-server `-c`/`--ctx-size`, llama-cpp-python `--n_ctx`, Ollama `num_ctx`), give the step fewer or smaller inputs, or lower `max_output_tokens` and the step's budget of model calls so that its history stays shorter.")]
+    #[error(
+        "{backend} at {url} says the conversation no longer fits the model's context window: {server_message}\nGive the server a larger context (llama-server `-c`/`--ctx-size`, llama-cpp-python `--n_ctx`, Ollama `num_ctx`), give the step fewer or smaller inputs, or lower `max_output_tokens` and the step's budget of model calls so that its history stays shorter."
+    )]
     ContextOverflow {
         /// Which backend.
         backend: BackendKind,
@@ -246,7 +252,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The API key is missing, wrong, or lacks access.
-    #[error("{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY in the environment to a valid key for this server.")]
+    #[error(
+        "{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY in the environment to a valid key for this server."
+    )]
     Unauthorized {
         /// Which backend.
         backend: BackendKind,
@@ -258,7 +266,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The account has no credit left; retrying does not help.
-    #[error("{backend} at {url} says the account's quota is used up: {server_message}\nAdd credit or use another key; this is not retried.")]
+    #[error(
+        "{backend} at {url} says the account's quota is used up: {server_message}\nAdd credit or use another key; this is not retried."
+    )]
     QuotaExceeded {
         /// Which backend.
         backend: BackendKind,
@@ -282,7 +292,9 @@ pub enum BackendError {
         attempts: u32,
     },
     /// A 2xx reply that is not what the protocol promises.
-    #[error("{backend} at {url} sent a reply that is not a valid {backend} chat response: {detail}\nReply began with: {body_start}")]
+    #[error(
+        "{backend} at {url} sent a reply that is not a valid {backend} chat response: {detail}\nReply began with: {body_start}"
+    )]
     BadResponse {
         /// Which backend.
         backend: BackendKind,
@@ -340,15 +352,21 @@ fn unreachable_hint(backend: BackendKind, url: &str) -> String {
 
 fn status_hint(backend: BackendKind, status: u16) -> &'static str {
     match (backend, status) {
-        (BackendKind::OpenAi, 404) => "\nCheck the base URL: it must end where `/chat/completions` begins, usually in `/v1` (e.g. http://127.0.0.1:8080/v1).",
-        (BackendKind::Ollama, 404) => "\nCheck the URL: Ollama serves `/api/chat` at its root (e.g. http://127.0.0.1:11434), without `/v1`.",
+        (BackendKind::OpenAi, 404) => {
+            "\nCheck the base URL: it must end where `/chat/completions` begins, usually in `/v1` (e.g. http://127.0.0.1:8080/v1)."
+        }
+        (BackendKind::Ollama, 404) => {
+            "\nCheck the URL: Ollama serves `/api/chat` at its root (e.g. http://127.0.0.1:11434), without `/v1`."
+        }
         _ => "",
     }
 }
 
 fn model_hint(backend: BackendKind, model: &str) -> String {
     match backend {
-        BackendKind::Ollama => format!("Download it with `ollama pull {model}`, or choose a model that `ollama list` shows."),
+        BackendKind::Ollama => {
+            format!("Download it with `ollama pull {model}`, or choose a model that `ollama list` shows.")
+        }
         _ => "Choose a model the server serves (`GET /v1/models` lists them).".to_string(),
     }
 }
@@ -691,27 +709,57 @@ mod tests {
 
     #[test]
     fn classification_tells_the_user_what_to_do() {
-        let err = classify_status(BackendKind::Ollama, "http://h/api/chat", "qwen", 404,
-            r#"{"error":"model 'qwen' not found, try pulling it first"}"#, 1);
+        let err = classify_status(
+            BackendKind::Ollama,
+            "http://h/api/chat",
+            "qwen",
+            404,
+            r#"{"error":"model 'qwen' not found, try pulling it first"}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::ModelNotFound { .. }));
         assert!(err.to_string().contains("ollama pull qwen"), "{err}");
 
-        let err = classify_status(BackendKind::Ollama, "u", "gemma", 400,
-            r#"{"error":"registry.ollama.ai/library/gemma:latest does not support tools"}"#, 1);
+        let err = classify_status(
+            BackendKind::Ollama,
+            "u",
+            "gemma",
+            400,
+            r#"{"error":"registry.ollama.ai/library/gemma:latest does not support tools"}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::ToolsUnsupported { .. }));
         assert!(err.to_string().contains("protocol = \"json\""), "{err}");
 
-        let err = classify_status(BackendKind::OpenAi, "u", "m", 401,
-            r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#, 1);
+        let err = classify_status(
+            BackendKind::OpenAi,
+            "u",
+            "m",
+            401,
+            r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::Unauthorized { status: 401, .. }));
         assert!(err.to_string().contains("OPENAI_API_KEY"), "{err}");
 
-        let err = classify_status(BackendKind::OpenAi, "u", "m", 429,
-            r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#, 1);
+        let err = classify_status(
+            BackendKind::OpenAi,
+            "u",
+            "m",
+            429,
+            r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::QuotaExceeded { .. }));
 
-        let err = classify_status(BackendKind::OpenAi, "u", "m", 404,
-            r#"{"error":{"message":"The model `m` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#, 1);
+        let err = classify_status(
+            BackendKind::OpenAi,
+            "u",
+            "m",
+            404,
+            r#"{"error":{"message":"The model `m` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::ModelNotFound { .. }));
 
         let err = classify_status(BackendKind::OpenAi, "u", "m", 404, "404 page not found", 1);

@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::http::HttpClient;
 use super::{
-    exchange, null_as_empty, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter,
-    MessageCache, Received, Usage, WireReply,
+    Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter, MessageCache, Received,
+    Usage, WireReply, exchange, null_as_empty,
 };
 use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
 

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::http::HttpClient;
 use super::{
-    exchange, null_as_empty, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter,
-    MessageCache, Received, Usage, WireReply,
+    Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter, MessageCache, Received,
+    Usage, WireReply, exchange, null_as_empty,
 };
 use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
 
@@ -44,7 +44,8 @@ impl OpenAi {
             .and_then(non_empty)
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let base = base.trim_end_matches('/').to_string();
-        let config_error = |detail: String| BackendError::Config { backend: BackendKind::OpenAi, url: base.clone(), detail };
+        let config_error =
+            |detail: String| BackendError::Config { backend: BackendKind::OpenAi, url: base.clone(), detail };
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(config_error(
                 "the base URL must start with http:// or https://, e.g. http://127.0.0.1:8080/v1".into(),
@@ -88,7 +89,8 @@ impl Backend for OpenAi {
             seed: request.seed,
             temperature: request.temperature,
             max_tokens: (self.output_cap.0 == OutputCapField::MaxTokens).then_some(self.output_cap.1),
-            max_completion_tokens: (self.output_cap.0 == OutputCapField::MaxCompletionTokens).then_some(self.output_cap.1),
+            max_completion_tokens: (self.output_cap.0 == OutputCapField::MaxCompletionTokens)
+                .then_some(self.output_cap.1),
             stream: false,
         };
         let received: Received<WireResponse> = exchange(
