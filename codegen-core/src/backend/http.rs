@@ -1,9 +1,16 @@
-//! One blocking HTTP client with the timeouts and retry rules every backend shares.
+//! One HTTP client with the timeouts and retry rules every backend shares.
 //!
 //! Transport faults and the statuses that mean "try again later" are retried here; the
 //! backends only ever see a final HTTP reply (success or not) or a final transport error,
 //! and turn those into [`BackendError`](super::BackendError)s that say what to do.
+//!
+//! The client is reqwest's async one, driven on the caller's thread by a current-thread tokio
+//! runtime that each client owns (tokio and its timers are in every build through reqwest
+//! already). reqwest's blocking client has a single timeout per request, applied to the wait
+//! for the headers and again to each read of the body: it cannot give a streamed reply a
+//! long wait for its first byte and a short one between its pieces.
 
+use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -114,65 +121,111 @@ pub(crate) enum TransportKind {
 }
 
 pub(crate) struct HttpClient {
-    client: reqwest::blocking::Client,
+    client: reqwest::Client,
+    runtime: tokio::runtime::Runtime,
     config: HttpConfig,
+}
+
+/// What one attempt came to.
+enum Attempt<T> {
+    /// The server answered; `retry` holds the reason and the server's requested wait when
+    /// the policy would try again.
+    Answered { value: T, retry: Option<(String, Option<Duration>)> },
+    /// No answer could be had.
+    Failed { kind: TransportKind, detail: String },
 }
 
 impl HttpClient {
     pub fn new(config: HttpConfig) -> Result<HttpClient, String> {
-        let builder = reqwest::blocking::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("could not start the HTTP client's runtime: {e}"))?;
+        let builder = reqwest::Client::builder().connect_timeout(config.connect_timeout);
         #[cfg(feature = "tls")]
         let builder = builder.tls_backend_preconfigured(tls_config()?);
-        let client = builder.build().map_err(|e| error_chain(&e))?;
-        Ok(HttpClient { client, config })
+        let client = {
+            let _inside = runtime.enter();
+            builder.build().map_err(|e| error_chain(&e))?
+        };
+        Ok(HttpClient { client, runtime, config })
     }
 
     pub fn config(&self) -> &HttpConfig {
         &self.config
     }
 
-    /// POSTs `body`, JSON already encoded, retrying what [`RetryPolicy`] says to retry.
+    /// Runs `future` to completion on this client's runtime, or gives up after `limit`.
+    fn run<T>(&self, limit: Duration, future: impl Future<Output = T>) -> Result<T, tokio::time::error::Elapsed> {
+        // The timer is made inside the runtime: tokio's timers need one to exist.
+        self.runtime.block_on(async { tokio::time::timeout(limit, future).await })
+    }
+
+    /// POSTs `body`, JSON already encoded, and reads the whole reply within
+    /// [`HttpConfig::request_timeout`], retrying what [`RetryPolicy`] says to retry.
     pub fn post_json(&self, url: &str, bearer: Option<&str>, body: Vec<u8>) -> Result<HttpReply, TransportError> {
+        let limit = self.config.request_timeout;
+        let (reply, retries) = self.with_retries(url, bearer, body, |request| {
+            let outcome = self.run(limit, async {
+                let response = request.send().await?;
+                let status = response.status().as_u16();
+                let retry_after = retry_after(response.headers());
+                response.text().await.map(|body| (status, retry_after, body))
+            });
+            match outcome {
+                Ok(Ok((status, retry_after, body))) => {
+                    let retry = is_retryable_status(status, &body).then(|| (format!("HTTP {status}"), retry_after));
+                    Attempt::Answered { value: (status, body), retry }
+                }
+                Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
+                Err(_) => Attempt::Failed {
+                    kind: TransportKind::Timeout,
+                    detail: format!("no whole reply within {} s", limit.as_secs_f64()),
+                },
+            }
+        })?;
+        let (status, body) = reply;
+        Ok(HttpReply { status, body, retries })
+    }
+
+    /// Makes attempts until one gives an answer the policy keeps, the policy's retries run
+    /// out, or one fails in a way that is never retried (a timeout).
+    fn with_retries<T>(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        body: Vec<u8>,
+        mut attempt: impl FnMut(reqwest::RequestBuilder) -> Attempt<T>,
+    ) -> Result<(T, Vec<RetryRecord>), TransportError> {
         // Shared by every attempt without a copy.
         let bytes = bytes::Bytes::from(body);
         let policy = &self.config.retry;
         let mut retries = Vec::new();
-        let mut attempt = 0;
+        let mut number = 0;
         loop {
-            attempt += 1;
-            let may_retry = attempt <= policy.max_retries;
+            number += 1;
+            let may_retry = number <= policy.max_retries;
             let mut request =
                 self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(bytes.clone());
             if let Some(key) = bearer {
                 request = request.bearer_auth(key);
             }
-            let outcome = request.send().and_then(|response| {
-                let status = response.status().as_u16();
-                let retry_after = retry_after(response.headers());
-                response.text().map(|body| (status, retry_after, body))
-            });
-            let (reason, server_wait) = match outcome {
-                Ok((status, retry_after, body)) => {
-                    if !is_retryable_status(status, &body) || !may_retry {
-                        return Ok(HttpReply { status, body, retries });
-                    }
-                    (format!("HTTP {status}"), retry_after)
-                }
-                Err(err) => {
-                    let kind = transport_kind(&err);
+            let (reason, server_wait) = match attempt(request) {
+                Attempt::Answered { value, retry: None } => return Ok((value, retries)),
+                Attempt::Answered { value, retry: Some(_) } if !may_retry => return Ok((value, retries)),
+                Attempt::Answered { retry: Some(retry), .. } => retry,
+                Attempt::Failed { kind, detail } => {
                     if kind == TransportKind::Timeout || !may_retry {
-                        return Err(TransportError { kind, detail: error_chain(&err), attempts: attempt });
+                        return Err(TransportError { kind, detail, attempts: number });
                     }
-                    (error_chain(&err), None)
+                    (detail, None)
                 }
             };
             let waited = match server_wait {
                 Some(wait) => wait.min(policy.max_retry_after),
-                None => jitter(policy.backoff(attempt - 1)),
+                None => jitter(policy.backoff(number - 1)),
             };
-            retries.push(RetryRecord { attempt, reason, waited });
+            retries.push(RetryRecord { attempt: number, reason, waited });
             std::thread::sleep(waited);
         }
     }
