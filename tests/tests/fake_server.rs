@@ -535,3 +535,153 @@ fn recorded_json_panics_clearly_on_non_json() {
     client().post(format!("{}/api/chat", server.url())).body("not json").send().unwrap();
     server.requests()[0].json();
 }
+
+// ----------------------------------------------------------------------------------------------
+// Streams
+// ----------------------------------------------------------------------------------------------
+
+fn streamed_body(model: &str, usage: bool) -> Value {
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": true});
+    if usage {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// The SSE events of a body, without the `data: ` prefix.
+fn events(body: &str) -> Vec<String> {
+    assert!(body.ends_with("\n\n"), "every event ends with a blank line: {body:?}");
+    body.split("\n\n").filter(|e| !e.is_empty()).map(|e| e.strip_prefix("data: ").unwrap().to_owned()).collect()
+}
+
+#[test]
+fn an_openai_stream_has_the_text_and_a_tool_call_in_pieces_then_usage_and_done() {
+    let args = json!({"path": "a.rs", "content": "fn a() {}"});
+    let turn = Turn::calls(vec![FakeCall::new("write_file", args.clone())]).with_content("Writing it.").tokens(12, 9);
+    let server = FakeLlm::start(vec![Reply::turn(turn.clone()).in_pieces(5), Reply::turn(turn)]);
+    let url = format!("{}/v1/chat/completions", server.url());
+    let response = post(&client(), &url, &streamed_body("m", true));
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert_eq!(response.headers()["transfer-encoding"], "chunked");
+    let events = events(&response.text().unwrap());
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": null}));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "Writing it.");
+    let fragments: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert_eq!(
+        fragments[0],
+        &json!({"index": 0, "id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": ""}})
+    );
+    assert!(fragments.len() > 3, "the arguments arrive in pieces: {fragments:?}");
+    assert!(
+        fragments[1..].iter().all(|f| f["index"] == 0 && f.get("id").is_none() && f["function"].get("name").is_none())
+    );
+    let arguments: String = fragments.iter().map(|f| f["function"]["arguments"].as_str().unwrap()).collect();
+    assert_eq!(serde_json::from_str::<Value>(&arguments).unwrap(), args);
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], json!({"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}));
+
+    // Without `stream_options.include_usage`, no token counts (as OpenAI).
+    let events = events_of(post(&client(), &url, &streamed_body("m", false)));
+    assert!(events.iter().all(|e| !e.contains("\"usage\"")), "{events:?}");
+}
+
+fn events_of(response: Response) -> Vec<String> {
+    events(&response.text().unwrap())
+}
+
+#[test]
+fn an_ollama_stream_is_ndjson_with_each_tool_call_whole_and_the_counts_last() {
+    let turn = Turn::calls(vec![
+        FakeCall::new("read_file", json!({"path": "a.rs"})).id("c1"),
+        FakeCall::new("finish", json!({})),
+    ])
+    .with_content("héllo wörld")
+    .tokens(30, 4);
+    let server = FakeLlm::start(vec![Reply::turn(turn).in_pieces(3)]);
+    let response = post(&client(), &format!("{}/api/chat", server.url()), &streamed_body("qwen", false));
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let body = response.text().unwrap();
+    let lines: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let text: String = lines.iter().map(|l| l["message"]["content"].as_str().unwrap()).collect();
+    assert_eq!(text, "héllo wörld");
+    assert_eq!(lines[0]["message"]["content"], "hél");
+    let calls: Vec<&Value> = lines.iter().filter_map(|l| l["message"]["tool_calls"].get(0)).collect();
+    assert_eq!(calls.len(), 2, "one whole call per line");
+    assert_eq!(calls[0]["function"]["arguments"], json!({"path": "a.rs"}));
+    assert_eq!(calls[0]["id"], "c1");
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (last["done"].clone(), last["prompt_eval_count"].clone(), last["eval_count"].clone()),
+        (json!(true), json!(30), json!(4))
+    );
+    assert!(lines[..lines.len() - 1].iter().all(|l| l["done"] == false));
+}
+
+#[test]
+fn a_stream_can_be_cut_end_in_an_error_or_be_empty() {
+    let turn = Turn::text("abcdefgh");
+    let server = FakeLlm::start(vec![
+        Reply::turn(turn.clone()).in_pieces(2).cut_after(2),
+        Reply::turn(turn.clone()).in_pieces(2).error_after(1, "model crashed"),
+        Reply::turn(turn.clone()).error_after(0, "out of memory"),
+        Reply::empty_stream(),
+    ]);
+    let ollama = format!("{}/api/chat", server.url());
+    let openai = format!("{}/v1/chat/completions", server.url());
+    let cut = post(&client(), &ollama, &streamed_body("m", false)).text().unwrap();
+    assert_eq!(cut.lines().count(), 2, "{cut}");
+    assert!(!cut.contains("\"done\":true"), "{cut}");
+    let error = post(&client(), &ollama, &streamed_body("m", false)).text().unwrap();
+    assert_eq!(error.lines().last().unwrap(), r#"{"error":"model crashed"}"#);
+    let events = events_of(post(&client(), &openai, &streamed_body("m", true)));
+    assert_eq!(events.len(), 1);
+    assert_eq!(serde_json::from_str::<Value>(&events[0]).unwrap()["error"]["message"], "out of memory");
+    let empty = post(&client(), &openai, &streamed_body("m", true));
+    assert_eq!((empty.status().as_u16(), empty.text().unwrap()), (200, String::new()));
+}
+
+#[test]
+fn a_stream_that_hangs_up_or_stalls_breaks_off_and_a_delay_spaces_its_chunks() {
+    let turn = Turn::text("abcdefgh");
+    let server = FakeLlm::start(vec![
+        Reply::turn(turn.clone()).in_pieces(2).hang_up_after(2),
+        Reply::turn(turn.clone()).in_pieces(2).stall_after(1, Duration::from_millis(300)),
+        Reply::turn(turn).in_pieces(4).every(Duration::from_millis(100)),
+    ]);
+    let url = format!("{}/api/chat", server.url());
+    let hung = post(&client(), &url, &streamed_body("m", false));
+    let mut body = Vec::new();
+    assert!(hung.take(1 << 20).read_to_end(&mut body).is_err(), "the body breaks off");
+    assert_eq!(String::from_utf8_lossy(&body).lines().count(), 2);
+
+    let stalled = post(&client(), &url, &streamed_body("m", false));
+    let mut body = Vec::new();
+    assert!(stalled.take(1 << 20).read_to_end(&mut body).is_err(), "the connection closes after the stall");
+    assert_eq!(String::from_utf8_lossy(&body).lines().count(), 1);
+
+    let started = Instant::now();
+    let slow = post(&client(), &url, &streamed_body("m", false)).text().unwrap();
+    assert_eq!(slow.lines().count(), 3, "two pieces and the last line: {slow}");
+    assert!(started.elapsed() >= Duration::from_millis(200), "two delays of 100 ms");
+    assert_eq!(server.requests().len(), 3, "every request is recorded");
+}
+
+#[test]
+fn raw_streams_are_sent_verbatim_and_non_streamed_requests_still_get_whole_replies() {
+    let server = FakeLlm::start(vec![
+        Reply::raw_stream(&["data: {\"choices\":[]}\n\n", "", "error: {\"message\":\"boom\"}\n\n"]),
+        Reply::turn(Turn::text("whole")).in_pieces(1).every(Duration::from_secs(30)),
+    ]);
+    let url = format!("{}/v1/chat/completions", server.url());
+    let raw = post(&client(), &url, &chat_body("m"));
+    assert_eq!(raw.headers()["content-type"], "text/event-stream");
+    assert_eq!(raw.text().unwrap(), "data: {\"choices\":[]}\n\nerror: {\"message\":\"boom\"}\n\n");
+    let whole: Value = post(&client(), &url, &chat_body("m")).json().unwrap();
+    assert_eq!(whole["choices"][0]["message"]["content"], "whole");
+}
