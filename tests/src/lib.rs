@@ -584,6 +584,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             break;
         }
         let Ok(stream) = stream else { continue };
+        // Real servers send each piece of a stream at once; without this, Nagle's algorithm
+        // holds a small chunk back until the client's delayed ACK (40 ms on Linux).
+        let _ = stream.set_nodelay(true);
         {
             let mut state = shared.lock();
             // Checked under the lock: `Drop` shuts down every stream registered before it set
