@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::backend::{Backend, BackendError, ChatRequest};
+use crate::backend::{Backend, BackendError, ChatRequest, Delivery};
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
 use crate::check::{Check, CheckError, CheckOutcome};
 use crate::protocol::ToolProtocol;
@@ -378,12 +378,22 @@ impl<'a> Run<'a> {
             };
             self.model_calls += 1;
             let messages_sent = self.history.len();
+            if let Delivery::Fallback(reason) = &response.delivery {
+                let note = format!("{} could not stream a reply: {reason}", self.backend.location());
+                if !self.notes.contains(&note) {
+                    self.notes.push(note);
+                }
+            }
             self.record(Event::ModelCall {
                 number: self.model_calls,
                 messages_sent,
                 usage: response.usage,
                 finish_reason: response.finish_reason.clone(),
-                volatile: Some(CallVolatile { duration: sent_at.elapsed(), retries: response.retries }),
+                volatile: Some(CallVolatile {
+                    duration: sent_at.elapsed(),
+                    retries: response.retries,
+                    delivery: response.delivery,
+                }),
             });
             let cut_off = response.finish_reason.as_deref() == Some("length");
             match self.handle_reply(response.message, cut_off)? {

@@ -14,6 +14,8 @@ fn fast_http() -> HttpConfig {
     HttpConfig {
         connect_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_millis(1500),
+        first_byte_timeout: Duration::from_millis(1500),
+        idle_timeout: Duration::from_millis(1500),
         retry: RetryPolicy {
             max_retries: 2,
             initial_backoff: Duration::from_millis(5),
@@ -66,7 +68,8 @@ fn ollama_request_has_the_native_shape() {
     assert_eq!(requests[0].path, "/api/chat");
     let body = requests[0].json();
     assert_eq!(body["model"], "m1");
-    assert_eq!(body["stream"], false);
+    assert_eq!(body["stream"], true, "replies are streamed by default");
+    assert!(body.get("stream_options").is_none(), "Ollama's last line always has the counts: {body}");
     assert_eq!(body["think"], false);
     assert_eq!(
         body["options"],
@@ -160,7 +163,8 @@ fn openai_request_has_the_chat_completions_shape() {
     assert_eq!(body["tool_choice"], "auto");
     assert_eq!(body["seed"], 7);
     assert_eq!(body["temperature"], 0.0);
-    assert_eq!(body["stream"], false);
+    assert_eq!(body["stream"], true, "replies are streamed by default");
+    assert_eq!(body["stream_options"], json!({"include_usage": true}), "token counts are asked for");
     assert_eq!(body["max_tokens"], BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS);
     assert!(body.get("max_completion_tokens").is_none(), "{body}");
     assert_eq!(body["tools"][0]["type"], "function");
@@ -386,11 +390,16 @@ fn server_not_running_names_the_url_and_how_to_start_ollama() {
 
 #[test]
 fn a_stall_past_the_request_timeout_is_a_timeout_and_is_not_retried() {
+    // A whole reply (streaming off) has one limit for all of it.
     let server = FakeLlm::start(vec![Reply::stall(Duration::from_secs(30)), Reply::turn(Turn::text("never"))]);
-    let mut backend = ollama(&server);
-    let err = ask(backend.as_mut(), &hello()).unwrap_err();
+    let mut config = BackendConfig::new(BackendKind::Ollama);
+    config.base_url = Some(server.url());
+    config.http = fast_http();
+    config.stream = false;
+    let err = ask(config.open().unwrap().as_mut(), &hello()).unwrap_err();
     assert!(matches!(err, BackendError::Timeout { .. }), "{err:?}");
     assert_eq!(server.requests().len(), 1);
+    assert_eq!(server.requests()[0].json()["stream"], false);
     assert!(err.to_string().contains("raise the request timeout"), "{err}");
 }
 
