@@ -127,4 +127,4 @@ pub mod transcript;
 
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;
-pub use run::{Error, Step, StepFailure, StepOutput, run_prompt};
+pub use run::{Error, Observer, Step, StepFailure, StepOutput, run_prompt};

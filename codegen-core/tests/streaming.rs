@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use codegen_core::backend::{
-    Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, HttpConfig, RetryPolicy,
+    Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, HttpConfig, Progress,
+    RetryPolicy,
 };
 use codegen_core::chat::{Arguments, Message};
 use codegen_core::sandbox::Sandbox;
 use codegen_core::tools::tool_specs;
 use codegen_core::transcript::{Event, Volatility};
-use codegen_core::{Step, ToolProtocol};
+use codegen_core::{Observer, Step, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};
 use serde_json::{Value, json};
 
@@ -497,4 +498,126 @@ fn the_fallback_reason_is_shown_once_in_the_steps_notes() {
     );
     let calls: Vec<&Event> = output.transcript.events.iter().filter(|e| matches!(e, Event::ModelCall { .. })).collect();
     assert_eq!(calls.len(), 2);
+}
+
+/// A progress report, owned.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    pieces: u64,
+    text_chars: u64,
+    argument_chars: u64,
+    tool: Option<String>,
+    text: String,
+    elapsed: Duration,
+}
+
+fn seen(progress: &Progress<'_>) -> Seen {
+    Seen {
+        pieces: progress.pieces,
+        text_chars: progress.text_chars,
+        argument_chars: progress.argument_chars,
+        tool: progress.tool.map(str::to_string),
+        text: progress.text.to_string(),
+        elapsed: progress.elapsed,
+    }
+}
+
+fn ask_observed(backend: &mut dyn Backend, tools: bool, reports: &mut Vec<Seen>) -> ChatResponse {
+    let specs = if tools { tool_specs() } else { Vec::new() };
+    let request = ChatRequest { model: "m", messages: &hello(), tools: &specs, seed: None, temperature: None };
+    backend.chat_observed(&request, &mut |progress| reports.push(seen(progress))).unwrap()
+}
+
+#[test]
+fn the_progress_hook_sees_an_openai_reply_grow_piece_by_piece() {
+    let args = json!({"path": "a.rs", "content": "fn a() {}\n"});
+    let turn = Turn::call("write_file", args.clone()).with_content("Writing a.rs now.");
+    let server = FakeLlm::start(vec![Reply::turn(turn).in_pieces(3)]);
+    let mut reports = Vec::new();
+    let reply = ask_observed(open(BackendKind::OpenAi, &server).as_mut(), true, &mut reports);
+
+    let text: String = reports.iter().map(|r| r.text.as_str()).collect();
+    assert_eq!(text, "Writing a.rs now.", "each report has the text that arrived since the last");
+    let argument_text = args.to_string();
+    // 6 text pieces, the call's first fragment, its arguments in pieces of 3 characters.
+    let expected_pieces = 6 + 1 + argument_text.chars().count().div_ceil(3) as u64;
+    assert_eq!(reports.len() as u64, expected_pieces, "one report per piece that added to the reply");
+    assert!(reports.windows(2).all(|w| w[1].pieces == w[0].pieces + 1 && w[1].elapsed >= w[0].elapsed));
+    let first_call = reports.iter().position(|r| r.tool.is_some()).unwrap();
+    assert_eq!(first_call, 6, "the tool is named as soon as the call's first fragment arrives");
+    assert!(reports[..first_call].iter().all(|r| r.tool.is_none() && r.argument_chars == 0));
+    assert!(reports[first_call..].iter().all(|r| r.tool.as_deref() == Some("write_file")));
+    let last = reports.last().unwrap();
+    assert_eq!((last.text_chars, last.argument_chars), (17, argument_text.chars().count() as u64));
+    assert_eq!(reply.message.tool_calls[0].arguments, object(args));
+}
+
+#[test]
+fn the_progress_hook_sees_ollamas_text_in_pieces_and_a_tool_call_at_once() {
+    let turn = Turn::call("read_file", json!({"path": "a.rs"})).with_content("héllo");
+    let server = FakeLlm::start(vec![Reply::turn(turn).in_pieces(2)]);
+    let mut reports = Vec::new();
+    ask_observed(open(BackendKind::Ollama, &server).as_mut(), true, &mut reports);
+    let shown: Vec<(&str, Option<&str>, u64)> =
+        reports.iter().map(|r| (r.text.as_str(), r.tool.as_deref(), r.text_chars)).collect();
+    assert_eq!(shown, [("hé", None, 2), ("ll", None, 4), ("o", None, 5), ("", Some("read_file"), 5)]);
+    assert_eq!(reports.last().unwrap().argument_chars, json!({"path": "a.rs"}).to_string().chars().count() as u64);
+}
+
+#[test]
+fn a_whole_reply_shows_no_progress() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("whole"))]);
+    let mut config = config(BackendKind::OpenAi, &server);
+    config.stream = false;
+    let mut reports = Vec::new();
+    ask_observed(config.open().unwrap().as_mut(), true, &mut reports);
+    assert!(reports.is_empty(), "{reports:?}");
+}
+
+/// An observer of a step: its events, and progress reports between them.
+#[derive(Default)]
+struct Watcher {
+    log: Vec<String>,
+}
+
+impl Observer for Watcher {
+    fn event(&mut self, event: &Event) {
+        if let Event::ModelCall { number, .. } = event {
+            self.log.push(format!("call {number}"));
+        }
+    }
+
+    fn progress(&mut self, progress: &Progress<'_>) {
+        self.log.push(format!("{} {}", progress.pieces, progress.tool.unwrap_or("-")));
+    }
+}
+
+#[test]
+fn a_step_shows_its_observer_each_reply_as_it_streams_and_records_none_of_it() {
+    let script = || {
+        vec![
+            Reply::turn(Turn::call("write_file", json!({"path": "a.rs", "content": "a"})).with_content("ok"))
+                .in_pieces(2),
+            Reply::turn(Turn::call("finish", json!({}))).in_pieces(50),
+        ]
+    };
+    let run = |observer: &mut dyn Observer| {
+        let server = FakeLlm::start(script());
+        let dir = tempfile::tempdir().unwrap();
+        let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
+        let step = Step::new("m", "Write a.rs.");
+        step.run_with(open(BackendKind::OpenAi, &server).as_mut(), &mut sandbox, None, observer).unwrap().transcript
+    };
+    let mut watcher = Watcher::default();
+    let watched = run(&mut watcher);
+    // Text "ok" (1 piece), the call's first fragment, `{"content":"a","path":"a.rs"}` in 15 pieces.
+    let first: Vec<String> = (1..=17).map(|n| format!("{n} {}", if n == 1 { "-" } else { "write_file" })).collect();
+    let mut expected = first;
+    expected.push("call 1".into());
+    expected.extend(["1 finish".to_string(), "2 finish".to_string(), "call 2".to_string()]);
+    assert_eq!(watcher.log, expected);
+
+    let mut events_only = |_: &Event| {};
+    let unwatched = run(&mut events_only);
+    assert_eq!(watched.to_jsonl(Volatility::Omit), unwatched.to_jsonl(Volatility::Omit));
 }
