@@ -621,3 +621,14 @@ fn a_step_shows_its_observer_each_reply_as_it_streams_and_records_none_of_it() {
     let unwatched = run(&mut events_only);
     assert_eq!(watched.to_jsonl(Volatility::Omit), unwatched.to_jsonl(Volatility::Omit));
 }
+
+/// Limits are the user's to choose: one too long to add to the clock means "no limit".
+#[test]
+fn limits_too_long_for_the_clock_mean_no_limit() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("fine")).every(Duration::from_millis(10))]);
+    let mut config = config(BackendKind::Ollama, &server);
+    config.http.first_byte_timeout = Duration::MAX;
+    config.http.idle_timeout = Duration::MAX;
+    config.http.request_timeout = Duration::MAX;
+    assert_eq!(ask(config.open().unwrap().as_mut(), true).unwrap().message.content, "fine");
+}

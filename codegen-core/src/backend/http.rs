@@ -177,7 +177,7 @@ pub(crate) struct ByteStream<'c> {
     runtime: &'c tokio::runtime::Runtime,
     response: reqwest::Response,
     /// When the first byte must have arrived by, and the limit that says so.
-    first_byte_by: Instant,
+    first_byte_by: Option<Instant>,
     first_byte: Limit,
     /// The longest silence allowed once the body has begun.
     pub idle: Limit,
@@ -196,8 +196,11 @@ pub(crate) enum ChunkError {
 impl ByteStream<'_> {
     /// The next piece of the body; `None` when it has ended.
     pub fn next(&mut self) -> Result<Option<bytes::Bytes>, ChunkError> {
-        let limit =
-            if self.begun { self.idle.after } else { self.first_byte_by.saturating_duration_since(Instant::now()) };
+        let limit = match self.first_byte_by {
+            Some(by) if !self.begun => by.saturating_duration_since(Instant::now()),
+            None if !self.begun => self.first_byte.after,
+            _ => self.idle.after,
+        };
         let response = &mut self.response;
         match self.runtime.block_on(async { tokio::time::timeout(limit, response.chunk()).await }) {
             Ok(Ok(Some(chunk))) => {
@@ -313,7 +316,8 @@ impl HttpClient {
                 let stream = ByteStream {
                     runtime: &self.runtime,
                     response,
-                    first_byte_by: started + first_byte.after,
+                    // No deadline at all for a limit too long to add to the clock.
+                    first_byte_by: started.checked_add(first_byte.after),
                     first_byte,
                     idle,
                     begun: false,
