@@ -438,7 +438,7 @@ fn loop_overhead() {
         "== 2. Loop overhead per model call ({ROUNDS} tool rounds + finish, ~100 KB history, fake server replying at once)"
     );
     println!(
-        "   ours: codegen_core::Step::run  vs  bare reqwest::blocking round trips with the same request bytes (goal <= 1.5x)\n"
+        "   ours: codegen_core::Step::run  vs  bare reqwest::blocking round trips with the same request bytes (goal <= 1.5x);\n   streamed: the fake server streams each reply in pieces of 4 characters, and the bare client reads the same body\n"
     );
     let dir = tempfile::tempdir().unwrap();
     let docs = dir.path().join("docs");
@@ -459,7 +459,12 @@ fn loop_overhead() {
     script.push(Reply::turn(Turn::call("finish", json!({ "summary": "Read them all." }))));
     let calls = script.len();
 
-    for kind in [BackendKind::Ollama, BackendKind::OpenAi] {
+    for (kind, stream) in [
+        (BackendKind::Ollama, true),
+        (BackendKind::OpenAi, true),
+        (BackendKind::Ollama, false),
+        (BackendKind::OpenAi, false),
+    ] {
         let recorded: std::cell::RefCell<Vec<(String, Vec<u8>)>> = Default::default();
         let history_bytes = std::cell::Cell::new(0);
         let paired = Paired::run(
@@ -472,6 +477,7 @@ fn loop_overhead() {
                     _ => server.url(),
                 });
                 config.api_key = Some("bench".into());
+                config.stream = stream;
                 let mut backend = config.open().unwrap();
                 let out = dir.path().join("out");
                 let mut sandbox = Sandbox::builder(&out).input("docs", &docs).build().unwrap();
@@ -514,8 +520,9 @@ fn loop_overhead() {
             },
         );
         println!(
-            "   {:<7} last request {:>4} KB: ours {} per call, bare {} per call -> {}  goal {}",
+            "   {:<7} {:<8} last request {:>4} KB: ours {} per call, bare {} per call -> {}  goal {}",
             kind.as_str(),
+            if stream { "streamed" } else { "whole" },
             history_bytes.get() / 1024,
             paired.ours().time(),
             paired.base().time(),

@@ -91,8 +91,59 @@
 //! Ollama receives `num_ctx` on every request ([`BackendConfig::num_ctx`](backend::BackendConfig::num_ctx),
 //! 16384 by default): its own default is small and silently drops the front of a long
 //! history. Connection failures and the statuses 408, 409, 429 and 5xx are retried with
-//! backoff ([`RetryPolicy`](backend::RetryPolicy)); the request timeout is ten minutes, since
-//! a local model loads its weights on the first request.
+//! backoff ([`RetryPolicy`](backend::RetryPolicy)).
+//!
+//! # Streaming, timeouts and watching a step
+//!
+//! The HTTP backends ask for streamed replies ([`BackendConfig::stream`](backend::BackendConfig::stream))
+//! and put each one together into exactly the response the server sends whole, so a
+//! [`Transcript`](transcript::Transcript) does not depend on streaming. A server that cannot
+//! stream a request (llama-cpp-python sends an empty stream when tools are offered, and its
+//! streams carry no token counts; a stream may end before its final event) is asked again
+//! without streaming, and not asked to stream such requests again
+//! ([`Delivery`](backend::Delivery), kept with the transcript's volatile data and in
+//! [`StepOutput::notes`]).
+//!
+//! A streamed reply has no limit on its length in time, only on its silences
+//! ([`HttpConfig`](backend::HttpConfig)): five minutes before its first byte, since a local
+//! model loads its weights and reads the whole prompt first, and one minute between two of its
+//! pieces, so that a stalled server is noticed within a minute
+//! ([`BackendError::Stalled`](backend::BackendError::Stalled)). Ollama sends nothing while a
+//! model writes a tool call, so a request that offers it tools may be silent as long as a whole
+//! request may take: ten minutes, the limit of a reply asked for whole.
+//!
+//! [`Step::run_with`] shows an [`Observer`] each event as it is recorded and each reply as it
+//! streams in ([`Progress`](backend::Progress): pieces so far, about one token each, characters
+//! of text and of tool-call arguments, the tool being called):
+//!
+//! ```no_run
+//! use codegen_core::backend::{BackendConfig, BackendKind, Progress};
+//! use codegen_core::sandbox::Sandbox;
+//! use codegen_core::transcript::Event;
+//! use codegen_core::{Observer, Step};
+//!
+//! struct Show;
+//!
+//! impl Observer for Show {
+//!     fn event(&mut self, event: &Event) {
+//!         if let Event::ModelCall { number, usage, .. } = event {
+//!             eprintln!("\ncall {number}: {:?} tokens", usage.completion_tokens);
+//!         }
+//!     }
+//!
+//!     fn progress(&mut self, progress: &Progress<'_>) {
+//!         let rate = progress.pieces as f64 / progress.elapsed.as_secs_f64().max(1e-3);
+//!         eprint!("\r~{} tokens, {rate:.1}/s, {}", progress.pieces, progress.tool.unwrap_or("writing"));
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut backend = BackendConfig::new(BackendKind::Ollama).open()?;
+//! let mut sandbox = Sandbox::builder("generated").build()?;
+//! Step::new("qwen2.5-coder:7b", "Write hello.rs.").run_with(backend.as_mut(), &mut sandbox, None, &mut Show)?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Tool protocols
 //!
@@ -127,4 +178,4 @@ pub mod transcript;
 
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;
-pub use run::{Error, Step, StepFailure, StepOutput, run_prompt};
+pub use run::{Error, Observer, Step, StepFailure, StepOutput, run_prompt};

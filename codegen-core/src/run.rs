@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::backend::{Backend, BackendError, ChatRequest};
+use crate::backend::{Backend, BackendError, ChatRequest, Delivery, Progress};
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
 use crate::check::{Check, CheckError, CheckOutcome};
 use crate::protocol::ToolProtocol;
@@ -115,9 +115,9 @@ impl Step {
         &self,
         backend: &mut dyn Backend,
         sandbox: &mut Sandbox,
-        observer: &mut dyn FnMut(&Event),
+        mut observer: &mut dyn FnMut(&Event),
     ) -> Result<StepOutput, StepFailure> {
-        Run::new(self, backend, sandbox, None, observer).go()
+        Run::new(self, backend, sandbox, None, &mut observer).go()
     }
 
     /// Runs the step with a [`Check`] that its output must pass before it may finish. The
@@ -127,9 +127,53 @@ impl Step {
         backend: &mut dyn Backend,
         sandbox: &mut Sandbox,
         check: &mut dyn Check,
-        observer: &mut dyn FnMut(&Event),
+        mut observer: &mut dyn FnMut(&Event),
     ) -> Result<StepOutput, StepFailure> {
-        Run::new(self, backend, sandbox, Some(check), observer).go()
+        Run::new(self, backend, sandbox, Some(check), &mut observer).go()
+    }
+
+    /// Runs the step, with a [`Check`] when one is given, showing `observer` each [`Event`] as
+    /// it is recorded and each streamed reply as it arrives ([`Observer::progress`]).
+    pub fn run_with(
+        &self,
+        backend: &mut dyn Backend,
+        sandbox: &mut Sandbox,
+        check: Option<&mut dyn Check>,
+        observer: &mut dyn Observer,
+    ) -> Result<StepOutput, StepFailure> {
+        // Shortens the check's lifetime to the others' (`Option` does not do it by itself).
+        let check = check.map(|check| check as &mut dyn Check);
+        Run::new(self, backend, sandbox, check, observer).go()
+    }
+}
+
+/// What a running step shows: each [`Event`] as it is recorded, and each model reply as it
+/// streams in.
+///
+/// A closure taking `&Event` is an observer that ignores the streaming:
+///
+/// ```
+/// # use codegen_core::transcript::Event;
+/// # use codegen_core::run::Observer;
+/// fn takes(_: &mut dyn Observer) {}
+/// takes(&mut |event: &Event| println!("{event:?}"));
+/// ```
+pub trait Observer {
+    /// An event was recorded in the transcript.
+    fn event(&mut self, event: &Event);
+
+    /// The reply to the model call under way has grown: what arrived, and counts so far. It
+    /// is called between the pieces of a reply, so it should return quickly. Nothing of it is
+    /// recorded: the transcript's [`Event::ModelCall`] follows once the reply is whole. The
+    /// default shows nothing.
+    fn progress(&mut self, progress: &Progress<'_>) {
+        let _ = progress;
+    }
+}
+
+impl<F: FnMut(&Event)> Observer for F {
+    fn event(&mut self, event: &Event) {
+        self(event)
     }
 }
 
@@ -254,7 +298,7 @@ struct Run<'a> {
     step: &'a Step,
     backend: &'a mut dyn Backend,
     sandbox: &'a mut Sandbox,
-    observer: &'a mut dyn FnMut(&Event),
+    observer: &'a mut dyn Observer,
     protocol: ToolProtocol,
     history: Vec<Message>,
     transcript: Transcript,
@@ -289,7 +333,7 @@ impl<'a> Run<'a> {
         backend: &'a mut dyn Backend,
         sandbox: &'a mut Sandbox,
         check: Option<&'a mut dyn Check>,
-        observer: &'a mut dyn FnMut(&Event),
+        observer: &'a mut dyn Observer,
     ) -> Run<'a> {
         Run {
             step,
@@ -309,7 +353,7 @@ impl<'a> Run<'a> {
     }
 
     fn record(&mut self, event: Event) {
-        (self.observer)(&event);
+        self.observer.event(&event);
         self.transcript.events.push(event);
     }
 
@@ -377,7 +421,8 @@ impl<'a> Run<'a> {
                 temperature: self.step.temperature,
             };
             let sent_at = Instant::now();
-            let response = match self.backend.chat(&request) {
+            let observer = &mut *self.observer;
+            let response = match self.backend.chat_observed(&request, &mut |progress| observer.progress(progress)) {
                 Ok(response) => response,
                 Err(BackendError::ToolsUnsupported { model, server_message, .. })
                     if self.protocol == ToolProtocol::Native =>
@@ -389,12 +434,22 @@ impl<'a> Run<'a> {
             };
             self.model_calls += 1;
             let messages_sent = self.history.len();
+            if let Delivery::Fallback(reason) = &response.delivery {
+                let note = format!("{} could not stream a reply: {reason}", self.backend.location());
+                if !self.notes.contains(&note) {
+                    self.notes.push(note);
+                }
+            }
             self.record(Event::ModelCall {
                 number: self.model_calls,
                 messages_sent,
                 usage: response.usage,
                 finish_reason: response.finish_reason.clone(),
-                volatile: Some(CallVolatile { duration: sent_at.elapsed(), retries: response.retries }),
+                volatile: Some(CallVolatile {
+                    duration: sent_at.elapsed(),
+                    retries: response.retries,
+                    delivery: response.delivery,
+                }),
             });
             let cut_off = response.finish_reason.as_deref() == Some("length");
             match self.handle_reply(response.message, cut_off)? {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendKind, RetryRecord, Usage};
+use crate::backend::{BackendKind, Delivery, RetryRecord, Usage};
 use crate::chat::{Arguments, Message};
 use crate::protocol::ToolProtocol;
 
@@ -161,6 +161,8 @@ pub struct CallVolatile {
     /// Retries that were needed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub retries: Vec<RetryRecord>,
+    /// Whether the reply streamed, and why not when a streamed request failed.
+    pub delivery: Delivery,
 }
 
 /// The run-dependent part of [`Event::End`].

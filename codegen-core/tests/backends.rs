@@ -3,19 +3,19 @@
 
 use std::time::Duration;
 
-use codegen_core::backend::{
-    Backend, BackendConfig, BackendError, BackendKind, ChatRequest, HttpConfig, RetryPolicy,
-};
+use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, HttpConfig, RetryPolicy};
 use codegen_core::chat::{Arguments, Message, ToolCall};
 use codegen_core::tools::tool_specs;
-use promptgen_tests::{refused_url, ArgsShape, FakeCall, FakeLlm, Reply, Turn};
-use serde_json::{json, Value};
+use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
+use serde_json::{Value, json};
 
 /// Quick retries and short timeouts, so failure paths take milliseconds.
 fn fast_http() -> HttpConfig {
     HttpConfig {
         connect_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_millis(1500),
+        first_byte_timeout: Duration::from_millis(1500),
+        idle_timeout: Duration::from_millis(1500),
         retry: RetryPolicy {
             max_retries: 2,
             initial_backoff: Duration::from_millis(5),
@@ -68,7 +68,8 @@ fn ollama_request_has_the_native_shape() {
     assert_eq!(requests[0].path, "/api/chat");
     let body = requests[0].json();
     assert_eq!(body["model"], "m1");
-    assert_eq!(body["stream"], false);
+    assert_eq!(body["stream"], true, "replies are streamed by default");
+    assert!(body.get("stream_options").is_none(), "Ollama's last line always has the counts: {body}");
     assert_eq!(body["think"], false);
     assert_eq!(
         body["options"],
@@ -79,7 +80,10 @@ fn ollama_request_has_the_native_shape() {
             "num_predict": BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS,
         })
     );
-    assert_eq!(body["messages"], json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "write a.rs"}]));
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "write a.rs"}])
+    );
     let tools = body["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 4);
     assert_eq!(tools[1]["type"], "function");
@@ -159,7 +163,8 @@ fn openai_request_has_the_chat_completions_shape() {
     assert_eq!(body["tool_choice"], "auto");
     assert_eq!(body["seed"], 7);
     assert_eq!(body["temperature"], 0.0);
-    assert_eq!(body["stream"], false);
+    assert_eq!(body["stream"], true, "replies are streamed by default");
+    assert_eq!(body["stream_options"], json!({"include_usage": true}), "token counts are asked for");
     assert_eq!(body["max_tokens"], BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS);
     assert!(body.get("max_completion_tokens").is_none(), "{body}");
     assert_eq!(body["tools"][0]["type"], "function");
@@ -175,7 +180,11 @@ fn openai_requests_carry_the_output_cap_in_the_field_the_server_reads() {
     let mut config = BackendConfig::new(BackendKind::OpenAi);
     config.base_url = Some(format!("{}/v1", server.url()));
     config.max_output_tokens = 300;
-    config.open().unwrap().chat(&ChatRequest { model: "m", messages: &hello(), tools: &[], seed: None, temperature: None }).unwrap();
+    config
+        .open()
+        .unwrap()
+        .chat(&ChatRequest { model: "m", messages: &hello(), tools: &[], seed: None, temperature: None })
+        .unwrap();
     let body = server.requests()[0].json();
     assert_eq!(body["max_tokens"], 300, "{body}");
     assert!(body.get("max_completion_tokens").is_none(), "{body}");
@@ -191,7 +200,10 @@ fn a_context_overflow_from_llama_server_says_what_to_change_and_is_not_retried()
     let err = ask(backend.as_mut(), &hello()).unwrap_err();
     assert!(matches!(err, BackendError::ContextOverflow { .. }), "{err:?}");
     let text = err.to_string();
-    assert!(text.contains("4155 tokens") && text.contains("--ctx-size") && text.contains("fewer or smaller inputs"), "{text}");
+    assert!(
+        text.contains("4155 tokens") && text.contains("--ctx-size") && text.contains("fewer or smaller inputs"),
+        "{text}"
+    );
     assert_eq!(server.requests().len(), 1, "an overflow is not retried");
 }
 
@@ -286,7 +298,9 @@ fn retries_stop_at_the_budget_and_say_how_many_attempts_were_made() {
     let err = ask(backend.as_mut(), &hello()).unwrap_err();
     assert_eq!(server.requests().len(), 3, "one attempt and two retries");
     match &err {
-        BackendError::Status { status: 503, attempts: 3, server_message, .. } => assert_eq!(server_message, "queue full"),
+        BackendError::Status { status: 503, attempts: 3, server_message, .. } => {
+            assert_eq!(server_message, "queue full")
+        }
         other => panic!("{other:?}"),
     }
     assert!(err.to_string().contains("HTTP 503 (3 attempts): queue full"), "{err}");
@@ -307,7 +321,9 @@ fn retry_after_is_honoured_up_to_its_bound() {
 
 #[test]
 fn client_errors_are_not_retried() {
-    for (status, message) in [(400, "bad request"), (401, "Incorrect API key"), (403, "forbidden"), (404, "model `m1` not found")] {
+    for (status, message) in
+        [(400, "bad request"), (401, "Incorrect API key"), (403, "forbidden"), (404, "model `m1` not found")]
+    {
         let server = FakeLlm::start(vec![Reply::error(status, message), Reply::turn(Turn::text("never"))]);
         let mut backend = openai(&server);
         assert!(ask(backend.as_mut(), &hello()).is_err());
@@ -330,7 +346,12 @@ fn insufficient_quota_is_not_retried_and_says_so() {
 
 #[test]
 fn bad_api_key_names_the_variable_to_fix() {
-    let server = FakeLlm::start(vec![Reply::openai_error(401, "Incorrect API key provided: sk-bad", "invalid_request_error", Some("invalid_api_key"))]);
+    let server = FakeLlm::start(vec![Reply::openai_error(
+        401,
+        "Incorrect API key provided: sk-bad",
+        "invalid_request_error",
+        Some("invalid_api_key"),
+    )]);
     let mut backend = openai(&server);
     let err = ask(backend.as_mut(), &hello()).unwrap_err();
     assert!(matches!(err, BackendError::Unauthorized { status: 401, .. }), "{err:?}");
@@ -344,7 +365,13 @@ fn model_not_pulled_tells_the_pull_command() {
     let mut backend = ollama(&server);
     let specs = tool_specs();
     let err = backend
-        .chat(&ChatRequest { model: "qwen2.5-coder:7b", messages: &hello(), tools: &specs, seed: None, temperature: None })
+        .chat(&ChatRequest {
+            model: "qwen2.5-coder:7b",
+            messages: &hello(),
+            tools: &specs,
+            seed: None,
+            temperature: None,
+        })
         .unwrap_err();
     assert!(matches!(err, BackendError::ModelNotFound { .. }), "{err:?}");
     assert!(err.to_string().contains("ollama pull qwen2.5-coder:7b"), "{err}");
@@ -381,11 +408,16 @@ fn server_not_running_names_the_url_and_how_to_start_ollama() {
 
 #[test]
 fn a_stall_past_the_request_timeout_is_a_timeout_and_is_not_retried() {
+    // A whole reply (streaming off) has one limit for all of it.
     let server = FakeLlm::start(vec![Reply::stall(Duration::from_secs(30)), Reply::turn(Turn::text("never"))]);
-    let mut backend = ollama(&server);
-    let err = ask(backend.as_mut(), &hello()).unwrap_err();
+    let mut config = BackendConfig::new(BackendKind::Ollama);
+    config.base_url = Some(server.url());
+    config.http = fast_http();
+    config.stream = false;
+    let err = ask(config.open().unwrap().as_mut(), &hello()).unwrap_err();
     assert!(matches!(err, BackendError::Timeout { .. }), "{err:?}");
     assert_eq!(server.requests().len(), 1);
+    assert_eq!(server.requests()[0].json()["stream"], false);
     assert!(err.to_string().contains("raise the request timeout"), "{err}");
 }
 
@@ -403,7 +435,8 @@ fn a_truncated_body_or_a_hang_up_is_retried() {
 #[test]
 fn a_reply_broken_on_every_attempt_is_a_clear_error() {
     let body = json!({"model": "m1", "message": {"role": "assistant", "content": "whole"}, "done": true});
-    let server = FakeLlm::start(vec![Reply::truncated(body.clone()), Reply::truncated(body.clone()), Reply::truncated(body)]);
+    let server =
+        FakeLlm::start(vec![Reply::truncated(body.clone()), Reply::truncated(body.clone()), Reply::truncated(body)]);
     let mut backend = ollama(&server);
     let err = ask(backend.as_mut(), &hello()).unwrap_err();
     assert!(matches!(err, BackendError::Interrupted { attempts: 3, .. }), "{err:?}");
@@ -417,7 +450,8 @@ fn a_2xx_that_is_not_a_chat_response_is_reported_with_its_start() {
     assert!(matches!(err, BackendError::BadResponse { .. }), "{err:?}");
     assert!(err.to_string().contains("choices"), "{err}");
 
-    let server = FakeLlm::start(vec![Reply::json(json!({"error": "an error was encountered while running the model"}))]);
+    let server =
+        FakeLlm::start(vec![Reply::json(json!({"error": "an error was encountered while running the model"}))]);
     let mut backend = ollama(&server);
     let err = ask(backend.as_mut(), &hello()).unwrap_err();
     assert!(err.to_string().contains("an error was encountered while running the model"), "{err}");

@@ -21,6 +21,8 @@ fn backend(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
     config.http = HttpConfig {
         connect_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_secs(5),
+        first_byte_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(5),
         retry: RetryPolicy { initial_backoff: Duration::from_millis(5), ..RetryPolicy::none() },
     };
     config.open().unwrap()

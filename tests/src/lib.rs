@@ -8,8 +8,13 @@
 //! * OpenAI-compatible, `POST …/chat/completions`.
 //!
 //! Replies built from a protocol-neutral [`Turn`] (and [`Reply::error`]) are rendered in the
-//! shape of the protocol the *request* used, so one script serves either backend. Other replies
-//! simulate misbehaving servers: stalls, truncated bodies, hang-ups.
+//! shape of the protocol the *request* used, so one script serves either backend. A turn goes
+//! whole to a request that asks for a whole reply, and as a stream to one that asks for a
+//! stream (`"stream": true`): NDJSON lines for Ollama, server-sent events ending in
+//! `data: [DONE]` for OpenAI, each in a chunk of its own, in pieces of a few characters (a
+//! tool call's arguments too, for OpenAI). [`Streaming`] says how: pieces, delays, a stall, a
+//! stream cut before its final event, an error in the middle. Other replies simulate
+//! misbehaving servers: stalls, truncated bodies, hang-ups, an empty stream.
 //!
 //! ```no_run
 //! use promptgen_tests::{FakeLlm, Reply, Turn};
@@ -21,7 +26,7 @@
 //! ]);
 //! // point the client under test at server.url(), run it, then inspect what it sent:
 //! for request in server.requests() {
-//!     assert_eq!(request.json()["stream"], false);
+//!     assert_eq!(request.json()["messages"][0]["role"], "system");
 //! }
 //! ```
 //!
@@ -67,19 +72,13 @@ impl RecordedRequest {
     /// If the body is not valid JSON (this is test support: a clear panic is the useful outcome).
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "fake LLM server: body of {} {} is not JSON ({e}): {:?}",
-                self.method, self.path, self.body
-            )
+            panic!("fake LLM server: body of {} {} is not JSON ({e}): {:?}", self.method, self.path, self.body)
         })
     }
 
     /// The value of the first header called `name` (case-insensitive), if any.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -115,12 +114,7 @@ pub struct FakeCall {
 impl FakeCall {
     /// A call of tool `name` with `arguments`, no explicit id, default argument shape.
     pub fn new(name: &str, arguments: Value) -> FakeCall {
-        FakeCall {
-            name: name.to_owned(),
-            arguments,
-            id: None,
-            arguments_as: ArgsShape::Default,
-        }
+        FakeCall { name: name.to_owned(), arguments, id: None, arguments_as: ArgsShape::Default }
     }
 
     /// Sets the call id.
@@ -152,10 +146,7 @@ pub struct Turn {
 impl Turn {
     /// A text-only turn.
     pub fn text(content: &str) -> Turn {
-        Turn {
-            content: Some(content.to_owned()),
-            ..Turn::calls(Vec::new())
-        }
+        Turn { content: Some(content.to_owned()), ..Turn::calls(Vec::new()) }
     }
 
     /// A turn with exactly one tool call and no content.
@@ -165,12 +156,7 @@ impl Turn {
 
     /// A turn with these tool calls and no content.
     pub fn calls(calls: Vec<FakeCall>) -> Turn {
-        Turn {
-            content: None,
-            tool_calls: calls,
-            prompt_tokens: 10,
-            completion_tokens: 5,
-        }
+        Turn { content: None, tool_calls: calls, prompt_tokens: 10, completion_tokens: 5 }
     }
 
     /// Sets the text content (e.g. to send text alongside tool calls).
@@ -187,6 +173,61 @@ impl Turn {
     }
 }
 
+/// How a [`Turn`] is streamed to a request that asks for a stream. Each event (OpenAI) or
+/// line (Ollama) is one HTTP chunk of a chunked body, written and flushed on its own.
+///
+/// OpenAI: a first chunk with the role (as llama-server sends it), the text in pieces, each
+/// tool call as a first fragment with its `index`, `id`, `name` and empty `arguments`, then
+/// the arguments text in pieces; a chunk with the finish reason; the token counts in a chunk
+/// with no choices when the request asks for them (`stream_options.include_usage`); then
+/// `data: [DONE]`. Ollama: the text in pieces, each tool call whole in a line of its own, then
+/// the `done: true` line with the token counts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Streaming {
+    /// Characters of text, and of a tool call's arguments text, per chunk (at least 1).
+    pub piece_chars: usize,
+    /// Wait before each chunk after the first.
+    pub delay: Duration,
+    /// After this many chunks, send nothing for this long (or until the server is dropped),
+    /// then close the connection without ending the body.
+    pub stall: Option<(usize, Duration)>,
+    /// How the stream ends.
+    pub end: StreamEnd,
+    /// OpenAI: whether the token counts are sent when asked for (llama-cpp-python's streams
+    /// never carry them).
+    pub usage: bool,
+    /// OpenAI: the `system_fingerprint` of every chunk (Ollama's `/v1` sends `fp_ollama`).
+    pub fingerprint: Option<String>,
+}
+
+impl Default for Streaming {
+    fn default() -> Streaming {
+        Streaming {
+            piece_chars: 4,
+            delay: Duration::ZERO,
+            stall: None,
+            end: StreamEnd::Complete,
+            usage: true,
+            fingerprint: None,
+        }
+    }
+}
+
+/// How a stream ends.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum StreamEnd {
+    /// With the protocol's final event, then the end of the body.
+    #[default]
+    Complete,
+    /// After this many chunks the body ends properly, but without the final event.
+    Cut(usize),
+    /// After this many chunks the connection closes in the middle of the body.
+    HangUp(usize),
+    /// After this many chunks, an error: Ollama's `{"error": message}` line, or an OpenAI
+    /// `data: {"error": {...}}` event; then the body ends.
+    Error(usize, String),
+}
+
 /// One scripted answer. Build it with the associated functions ([`Reply::json`],
 /// [`Reply::turn`], [`Reply::stall`], …) rather than the variants.
 #[derive(Debug, Clone, PartialEq)]
@@ -200,10 +241,24 @@ pub enum Reply {
         /// Extra response headers.
         headers: Vec<(String, String)>,
     },
-    /// A 200 assistant turn, rendered per request protocol.
+    /// A 200 assistant turn, rendered per request protocol, whole or streamed as the request
+    /// asks.
     Turn {
         /// The turn.
         turn: Turn,
+        /// How it is streamed, when the request asks for a stream.
+        stream: Streaming,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+    },
+    /// A 200 with a streamed body given verbatim, whatever the request asked: each piece is
+    /// one chunk (empty pieces are skipped). `stream` gives the delay, a stall, and (with
+    /// [`StreamEnd::HangUp`]) a hang-up; its other fields do not apply.
+    RawStream {
+        /// The body's pieces, e.g. `"data: {...}\n\n"`.
+        pieces: Vec<String>,
+        /// Timing and ending.
+        stream: Streaming,
         /// Extra response headers.
         headers: Vec<(String, String)>,
     },
@@ -241,11 +296,7 @@ impl Reply {
 
     /// Any status with this JSON body, verbatim.
     pub fn status(status: u16, body: Value) -> Reply {
-        Reply::Json {
-            status,
-            body,
-            headers: Vec::new(),
-        }
+        Reply::Json { status, body, headers: Vec::new() }
     }
 
     /// Adds a response header (e.g. `Retry-After`). A `Content-Type` given here replaces the
@@ -255,6 +306,7 @@ impl Reply {
         match &mut self {
             Reply::Json { headers, .. }
             | Reply::Turn { headers, .. }
+            | Reply::RawStream { headers, .. }
             | Reply::Error { headers, .. }
             | Reply::Truncated { headers, .. } => headers.push((name.to_owned(), value.to_owned())),
             Reply::Stall(_) | Reply::HangUp => {}
@@ -265,12 +317,75 @@ impl Reply {
     /// A 200 assistant turn rendered in the shape of the protocol the request used: a path
     /// ending in `/api/chat` gets the Ollama shape, one ending in `/chat/completions` the
     /// OpenAI shape. On any other path (a client calling the wrong endpoint) the reply is
-    /// consumed and answered with a 404 error, as a real server would.
+    /// consumed and answered with a 404 error, as a real server would. A request with
+    /// `"stream": true` gets it streamed as [`Streaming`] says (by default in pieces of 4
+    /// characters, at once); any other, whole.
     pub fn turn(turn: Turn) -> Reply {
-        Reply::Turn {
-            turn,
-            headers: Vec::new(),
+        Reply::Turn { turn, stream: Streaming::default(), headers: Vec::new() }
+    }
+
+    /// A 200 whose streamed body is these pieces verbatim, one chunk each, whatever the
+    /// request asked (`Content-Type: application/x-ndjson` on `/api/…` paths,
+    /// `text/event-stream` on others).
+    pub fn raw_stream(pieces: &[&str]) -> Reply {
+        let pieces = pieces.iter().map(|piece| piece.to_string()).collect();
+        Reply::RawStream { pieces, stream: Streaming::default(), headers: Vec::new() }
+    }
+
+    /// A 200 with a streamed body that ends at once, empty: what llama-cpp-python sends to a
+    /// streamed request that offers tools (its log: "Automatic streaming tool choice is not
+    /// supported").
+    pub fn empty_stream() -> Reply {
+        Reply::raw_stream(&[])
+    }
+
+    /// Streams the turn in pieces of `chars` characters.
+    pub fn in_pieces(self, chars: usize) -> Reply {
+        self.streaming(|stream| stream.piece_chars = chars.max(1))
+    }
+
+    /// Waits `delay` before each chunk of the stream after the first.
+    pub fn every(self, delay: Duration) -> Reply {
+        self.streaming(|stream| stream.delay = delay)
+    }
+
+    /// After `chunks` chunks of the stream, sends nothing for `d` (or until the server is
+    /// dropped), then closes the connection.
+    pub fn stall_after(self, chunks: usize, d: Duration) -> Reply {
+        self.streaming(|stream| stream.stall = Some((chunks, d)))
+    }
+
+    /// Ends the stream properly after `chunks` chunks, without the final event.
+    pub fn cut_after(self, chunks: usize) -> Reply {
+        self.streaming(|stream| stream.end = StreamEnd::Cut(chunks))
+    }
+
+    /// Closes the connection after `chunks` chunks of the stream, in the middle of the body.
+    pub fn hang_up_after(self, chunks: usize) -> Reply {
+        self.streaming(|stream| stream.end = StreamEnd::HangUp(chunks))
+    }
+
+    /// After `chunks` chunks of the stream, sends an error in the protocol's shape and ends.
+    pub fn error_after(self, chunks: usize, message: &str) -> Reply {
+        self.streaming(|stream| stream.end = StreamEnd::Error(chunks, message.to_owned()))
+    }
+
+    /// OpenAI: no token counts in the stream even when asked (as llama-cpp-python).
+    pub fn without_stream_usage(self) -> Reply {
+        self.streaming(|stream| stream.usage = false)
+    }
+
+    /// OpenAI: every chunk of the stream says `"system_fingerprint": fingerprint`.
+    pub fn fingerprint(self, fingerprint: &str) -> Reply {
+        self.streaming(|stream| stream.fingerprint = Some(fingerprint.to_owned()))
+    }
+
+    fn streaming(mut self, change: impl FnOnce(&mut Streaming)) -> Reply {
+        match &mut self {
+            Reply::Turn { stream, .. } | Reply::RawStream { stream, .. } => change(stream),
+            other => panic!("fake LLM server: only a turn or a raw stream is streamed, not {other:?}"),
         }
+        self
     }
 
     /// Reads the request, then sends nothing for `d` and closes the connection (a stall past
@@ -282,10 +397,7 @@ impl Reply {
     /// Sends a 200 whose headers declare the full JSON body's length, then only the first half
     /// of the body, then closes.
     pub fn truncated(body: Value) -> Reply {
-        Reply::Truncated {
-            body,
-            headers: Vec::new(),
-        }
+        Reply::Truncated { body, headers: Vec::new() }
     }
 
     /// Closes the connection right after reading the request, without any response.
@@ -300,11 +412,7 @@ impl Reply {
     /// The protocol is chosen from the request path like [`Reply::turn`]; on other paths,
     /// those containing `/api/` get the Ollama shape and the rest the OpenAI shape.
     pub fn error(status: u16, message: &str) -> Reply {
-        let kind = if status >= 500 {
-            "server_error"
-        } else {
-            "invalid_request_error"
-        };
+        let kind = if status >= 500 { "server_error" } else { "invalid_request_error" };
         Reply::openai_error(status, message, kind, None)
     }
 
@@ -333,10 +441,7 @@ impl From<Turn> for Reply {
 /// unlikely enough for tests.
 pub fn refused_url() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("fake LLM server: bind 127.0.0.1:0");
-    let port = listener
-        .local_addr()
-        .expect("fake LLM server: local_addr")
-        .port();
+    let port = listener.local_addr().expect("fake LLM server: local_addr").port();
     drop(listener);
     format!("http://127.0.0.1:{port}")
 }
@@ -422,11 +527,7 @@ impl FakeLlm {
             .name(format!("fake-llm-accept-{}", addr.port()))
             .spawn(move || accept_loop(listener, accept_shared))
             .expect("fake LLM server: spawn accept thread");
-        FakeLlm {
-            addr,
-            shared,
-            accept_thread: Some(accept_thread),
-        }
+        FakeLlm { addr, shared, accept_thread: Some(accept_thread) }
     }
 
     /// `http://127.0.0.1:PORT` (no trailing slash).
@@ -483,6 +584,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             break;
         }
         let Ok(stream) = stream else { continue };
+        // Real servers send each piece of a stream at once; without this, Nagle's algorithm
+        // holds a small chunk back until the client's delayed ACK (40 ms on Linux).
+        let _ = stream.set_nodelay(true);
         {
             let mut state = shared.lock();
             // Checked under the lock: `Drop` shuts down every stream registered before it set
@@ -496,14 +600,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         }
         let conn_shared = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name(format!("fake-llm-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&stream, &conn_shared);
-                // Shut down explicitly: the clone kept in `open` would keep the socket alive.
-                let _ = stream.shutdown(Shutdown::Both);
-                conn_shared.lock().open.remove(&id);
-            });
+        let spawned = thread::Builder::new().name(format!("fake-llm-conn-{id}")).spawn(move || {
+            serve_connection(&stream, &conn_shared);
+            // Shut down explicitly: the clone kept in `open` would keep the socket alive.
+            let _ = stream.shutdown(Shutdown::Both);
+            conn_shared.lock().open.remove(&id);
+        });
         if spawned.is_err() {
             shared.lock().open.remove(&id);
         }
@@ -532,22 +634,20 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
             return;
         }
         let keep_going = match action {
-            Action::Respond {
-                status,
-                headers,
-                body,
-            } => write_response(&mut writer, status, &headers, &body, close_after).is_ok(),
+            Action::Respond { status, headers, body } => {
+                write_response(&mut writer, status, &headers, &body, close_after).is_ok()
+            }
             Action::Truncated { headers, body } => {
                 let _ = write_truncated(&mut writer, &headers, &body);
                 false
             }
             Action::Stall(d) => {
-                let state = shared.lock();
-                // Returns early when `Drop` sets `stopped` and signals.
-                let _ = shared
-                    .stop_signal
-                    .wait_timeout_while(state, d, |s| !s.stopped);
+                pause(shared, d);
                 false
+            }
+            Action::Stream { headers, chunks, stream } => {
+                let ended = write_stream(&mut writer, shared, &headers, &chunks, &stream);
+                ended.unwrap_or(false)
             }
             Action::HangUp => false,
         };
@@ -561,6 +661,14 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
 // Choosing and rendering the answer
 // ---------------------------------------------------------------------------------------------
 
+/// Waits `d`, or less if the server is dropped meanwhile; whether it is still running.
+fn pause(shared: &Shared, d: Duration) -> bool {
+    let state = shared.lock();
+    // Returns early when `Drop` sets `stopped` and signals.
+    let (state, _) = shared.stop_signal.wait_timeout_while(state, d, |s| !s.stopped).unwrap_or_else(|e| e.into_inner());
+    !state.stopped
+}
+
 /// What a connection thread does with a request, decided under the lock.
 enum Action {
     Respond {
@@ -573,6 +681,13 @@ enum Action {
         body: String,
     },
     Stall(Duration),
+    /// A 200 with a chunked body: these chunks, timed and ended as `stream` says (its `end`
+    /// is already applied to `chunks`, except for a hang-up).
+    Stream {
+        headers: Vec<(String, String)>,
+        chunks: Vec<String>,
+        stream: Streaming,
+    },
     HangUp,
 }
 
@@ -596,23 +711,14 @@ fn chat_protocol(path: &str) -> Option<Protocol> {
 /// The protocol whose error shape a path gets: its chat protocol, else Ollama for `/api/…`
 /// paths (Ollama's native API lives there) and OpenAI for the rest.
 fn error_protocol(path: &str) -> Protocol {
-    chat_protocol(path).unwrap_or(if path.contains("/api/") {
-        Protocol::Ollama
-    } else {
-        Protocol::OpenAi
-    })
+    chat_protocol(path).unwrap_or(if path.contains("/api/") { Protocol::Ollama } else { Protocol::OpenAi })
 }
 
 /// Records the request, then picks and renders its answer, all under one lock so the record
 /// order is the answer order.
 fn answer(shared: &Shared, request: RecordedRequest) -> Action {
     let mut state = shared.lock();
-    let path = request
-        .path
-        .split('?')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let path = request.path.split('?').next().unwrap_or_default().to_owned();
     let is_get = request.method.eq_ignore_ascii_case("GET");
     // The model echoed in replies: the request's, like real servers.
     let model = serde_json::from_str::<Value>(&request.body)
@@ -621,11 +727,7 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
         .unwrap_or_else(|| "fake-model".to_owned());
     state.requests.push(request);
 
-    let ok = |body: Value| Action::Respond {
-        status: 200,
-        headers: Vec::new(),
-        body: body.to_string(),
-    };
+    let ok = |body: Value| Action::Respond { status: 200, headers: Vec::new(), body: body.to_string() };
     if is_get && path.ends_with("/api/version") {
         return ok(json!({ "version": "0.0.0-fake" }));
     }
@@ -634,36 +736,33 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
     }
 
     let Some(reply) = state.script.pop_front() else {
-        let message = format!(
-            "fake LLM server: script exhausted after {} replies",
-            state.served
-        );
+        let message = format!("fake LLM server: script exhausted after {} replies", state.served);
         return error_action(&path, 500, &message, "server_error", None, Vec::new());
     };
     state.served += 1;
+    let asked = serde_json::from_str::<Value>(&state.requests.last().map(|r| r.body.clone()).unwrap_or_default())
+        .unwrap_or(Value::Null);
+    let wants_stream = asked["stream"] == json!(true);
+    let wants_usage = asked["stream_options"]["include_usage"] == json!(true);
     match reply {
-        Reply::Json {
-            status,
-            body,
-            headers,
-        } => Action::Respond {
-            status,
-            headers,
-            body: body.to_string(),
-        },
-        Reply::Turn { turn, headers } => match chat_protocol(&path) {
-            Some(Protocol::Ollama) => Action::Respond {
-                status: 200,
-                headers,
-                body: render_ollama(&turn, &model).to_string(),
-            },
+        Reply::Json { status, body, headers } => Action::Respond { status, headers, body: body.to_string() },
+        Reply::Turn { turn, stream, headers } => match chat_protocol(&path) {
+            Some(Protocol::Ollama) if wants_stream => {
+                let chunks = ended(ollama_chunks(&turn, &model, &stream), &stream, Protocol::Ollama);
+                Action::Stream { headers: with_content_type(headers, Protocol::Ollama), chunks, stream }
+            }
+            Some(Protocol::Ollama) => {
+                Action::Respond { status: 200, headers, body: render_ollama(&turn, &model).to_string() }
+            }
+            Some(Protocol::OpenAi) if wants_stream => {
+                let usage = wants_usage && stream.usage;
+                let chunks = openai_chunks(&turn, &model, &mut state.next_call_id, &stream, usage);
+                let chunks = ended(chunks, &stream, Protocol::OpenAi);
+                Action::Stream { headers: with_content_type(headers, Protocol::OpenAi), chunks, stream }
+            }
             Some(Protocol::OpenAi) => {
                 let body = render_openai(&turn, &model, &mut state.next_call_id);
-                Action::Respond {
-                    status: 200,
-                    headers,
-                    body: body.to_string(),
-                }
+                Action::Respond { status: 200, headers, body: body.to_string() }
             }
             None => {
                 let message = format!(
@@ -673,20 +772,131 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
                 error_action(&path, 404, &message, "invalid_request_error", None, headers)
             }
         },
-        Reply::Error {
-            status,
-            message,
-            kind,
-            code,
-            headers,
-        } => error_action(&path, status, &message, &kind, code.as_deref(), headers),
-        Reply::Truncated { body, headers } => Action::Truncated {
-            headers,
-            body: body.to_string(),
-        },
+        Reply::RawStream { pieces, stream, headers } => {
+            let headers = with_content_type(headers, error_protocol(&path));
+            Action::Stream { headers, chunks: pieces.into_iter().filter(|p| !p.is_empty()).collect(), stream }
+        }
+        Reply::Error { status, message, kind, code, headers } => {
+            error_action(&path, status, &message, &kind, code.as_deref(), headers)
+        }
+        Reply::Truncated { body, headers } => Action::Truncated { headers, body: body.to_string() },
         Reply::Stall(d) => Action::Stall(d),
         Reply::HangUp => Action::HangUp,
     }
+}
+
+/// The headers of a stream in `protocol`, with its content type unless one is given.
+fn with_content_type(mut headers: Vec<(String, String)>, protocol: Protocol) -> Vec<(String, String)> {
+    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
+        let kind = match protocol {
+            Protocol::Ollama => "application/x-ndjson",
+            Protocol::OpenAi => "text/event-stream",
+        };
+        headers.push(("Content-Type".to_owned(), kind.to_owned()));
+    }
+    headers
+}
+
+/// A stream's chunks as its `end` says: all of them, the first `n` (cut, hang-up), or the
+/// first `n` and an error.
+fn ended(mut chunks: Vec<String>, stream: &Streaming, protocol: Protocol) -> Vec<String> {
+    match &stream.end {
+        StreamEnd::Complete => {}
+        StreamEnd::Cut(n) | StreamEnd::HangUp(n) => chunks.truncate(*n),
+        StreamEnd::Error(n, message) => {
+            chunks.truncate(*n);
+            chunks.push(match protocol {
+                Protocol::Ollama => format!("{}\n", json!({ "error": message })),
+                Protocol::OpenAi => format!(
+                    "data: {}\n\n",
+                    json!({ "error": { "message": message, "type": "server_error", "param": null, "code": null } })
+                ),
+            });
+        }
+    }
+    chunks
+}
+
+/// `text` in pieces of `chars` characters (none for an empty text).
+fn pieces(text: &str, chars: usize) -> Vec<String> {
+    let characters: Vec<char> = text.chars().collect();
+    characters.chunks(chars.max(1)).map(|piece| piece.iter().collect()).collect()
+}
+
+fn ollama_chunks(turn: &Turn, model: &str, stream: &Streaming) -> Vec<String> {
+    let line = |message: Value| {
+        let chunk = json!({ "model": model, "created_at": "2026-01-01T00:00:00Z", "message": message, "done": false });
+        format!("{chunk}\n")
+    };
+    let mut chunks: Vec<String> = pieces(turn.content.as_deref().unwrap_or_default(), stream.piece_chars)
+        .into_iter()
+        .map(|piece| line(json!({ "role": "assistant", "content": piece })))
+        .collect();
+    let whole = render_ollama(turn, model);
+    // Ollama holds a tool call back until it is complete, then sends it whole.
+    if let Some(calls) = whole["message"]["tool_calls"].as_array() {
+        for call in calls {
+            chunks.push(line(json!({ "role": "assistant", "content": "", "tool_calls": [call] })));
+        }
+    }
+    let mut last = whole;
+    last["message"] = json!({ "role": "assistant", "content": "" });
+    chunks.push(format!("{last}\n"));
+    chunks
+}
+
+fn openai_chunks(turn: &Turn, model: &str, next_call_id: &mut u64, stream: &Streaming, usage: bool) -> Vec<String> {
+    let event = |choices: Value, usage: Option<Value>| {
+        let mut chunk = json!({ "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices });
+        if let Some(fingerprint) = &stream.fingerprint {
+            chunk["system_fingerprint"] = json!(fingerprint);
+        }
+        if let Some(usage) = usage {
+            chunk["usage"] = usage;
+        }
+        format!("data: {chunk}\n\n")
+    };
+    let delta = |delta: Value, finish_reason: Value| {
+        event(json!([{ "index": 0, "delta": delta, "finish_reason": finish_reason }]), None)
+    };
+    let mut chunks = vec![delta(json!({ "role": "assistant", "content": null }), Value::Null)];
+    for piece in pieces(turn.content.as_deref().unwrap_or_default(), stream.piece_chars) {
+        chunks.push(delta(json!({ "content": piece }), Value::Null));
+    }
+    for (index, call) in turn.tool_calls.iter().enumerate() {
+        let id = call.id.clone().unwrap_or_else(|| {
+            let id = format!("call_{next_call_id}");
+            *next_call_id += 1;
+            id
+        });
+        let fragment =
+            |function: Value| delta(json!({ "tool_calls": [{ "index": index, "function": function }] }), Value::Null);
+        match render_arguments(call, false) {
+            Value::String(text) => {
+                let first = json!({ "index": index, "id": id, "type": "function", "function": { "name": call.name, "arguments": "" } });
+                chunks.push(delta(json!({ "tool_calls": [first] }), Value::Null));
+                for piece in pieces(&text, stream.piece_chars) {
+                    chunks.push(fragment(json!({ "arguments": piece })));
+                }
+            }
+            other => {
+                let first = json!({ "index": index, "id": id, "type": "function", "function": { "name": call.name, "arguments": other } });
+                chunks.push(delta(json!({ "tool_calls": [first] }), Value::Null));
+            }
+        }
+    }
+    let finish_reason = if turn.tool_calls.is_empty() { "stop" } else { "tool_calls" };
+    chunks.push(delta(json!({}), json!(finish_reason)));
+    if usage {
+        let counts = json!({
+            "prompt_tokens": turn.prompt_tokens,
+            "completion_tokens": turn.completion_tokens,
+            "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+        });
+        chunks.push(event(json!([]), Some(counts)));
+    }
+    chunks.push("data: [DONE]\n\n".to_owned());
+    chunks
 }
 
 fn error_action(
@@ -703,11 +913,7 @@ fn error_action(
             "error": { "message": message, "type": kind, "param": null, "code": code }
         }),
     };
-    Action::Respond {
-        status,
-        headers,
-        body: body.to_string(),
-    }
+    Action::Respond { status, headers, body: body.to_string() }
 }
 
 /// The wire value of a call's arguments; `object_by_default` is the protocol's default shape.
@@ -783,11 +989,7 @@ fn render_openai(turn: &Turn, model: &str, next_call_id: &mut u64) -> Value {
             .collect();
         message["tool_calls"] = Value::Array(calls);
     }
-    let finish_reason = if turn.tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
-    };
+    let finish_reason = if turn.tool_calls.is_empty() { "stop" } else { "tool_calls" };
     json!({
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -835,10 +1037,7 @@ fn malformed<T>(why: impl Into<String>) -> Result<T, ReadError> {
 fn read_line(reader: &mut impl BufRead, budget: &mut usize) -> Result<Option<String>, ReadError> {
     let mut line = Vec::new();
     // `take` bounds the read so a client streaming an endless line cannot exhaust memory.
-    let n = reader
-        .by_ref()
-        .take(*budget as u64 + 1)
-        .read_until(b'\n', &mut line)?;
+    let n = reader.by_ref().take(*budget as u64 + 1).read_until(b'\n', &mut line)?;
     if n == 0 {
         return Ok(None);
     }
@@ -858,10 +1057,7 @@ fn read_line(reader: &mut impl BufRead, budget: &mut usize) -> Result<Option<Str
 
 /// Reads one request; `Ok(None)` when the client closed the connection between requests.
 /// `writer` is used only for `100 Continue`.
-fn read_request(
-    reader: &mut impl BufRead,
-    writer: &mut impl Write,
-) -> Result<Option<ParsedRequest>, ReadError> {
+fn read_request(reader: &mut impl BufRead, writer: &mut impl Write) -> Result<Option<ParsedRequest>, ReadError> {
     let mut budget = MAX_HEAD_BYTES;
     // RFC 9112 §2.2: ignore empty lines before the request line.
     let request_line = loop {
@@ -872,8 +1068,7 @@ fn read_request(
         }
     };
     let mut parts = request_line.split_whitespace();
-    let (Some(method), Some(path), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(path), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return malformed(format!("bad request line {request_line:?}"));
     };
@@ -894,20 +1089,11 @@ fn read_request(
         };
         headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
     }
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    };
+    let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
 
-    let connection = header("connection")
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let close_after = connection.contains("close")
-        || (version == "HTTP/1.0" && !connection.contains("keep-alive"));
-    let chunked =
-        header("transfer-encoding").is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
+    let connection = header("connection").unwrap_or_default().to_ascii_lowercase();
+    let close_after = connection.contains("close") || (version == "HTTP/1.0" && !connection.contains("keep-alive"));
+    let chunked = header("transfer-encoding").is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
     let content_length = match header("content-length") {
         None => None,
         Some(v) => match v.parse::<usize>() {
@@ -1003,17 +1189,9 @@ fn reason_phrase(status: u16) -> &'static str {
 }
 
 /// The status line and headers, with `Content-Length` set to `content_length`.
-fn response_head(
-    status: u16,
-    headers: &[(String, String)],
-    content_length: usize,
-    close: bool,
-) -> String {
+fn response_head(status: u16, headers: &[(String, String)], content_length: usize, close: bool) -> String {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", reason_phrase(status));
-    if !headers
-        .iter()
-        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-    {
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-type")) {
         head.push_str("Content-Type: application/json\r\n");
     }
     for (name, value) in headers {
@@ -1040,11 +1218,50 @@ fn write_response(
     writer.flush()
 }
 
-fn write_truncated(
+/// Writes a 200 with a chunked body of `chunks`, timed as `stream` says. Whether the
+/// connection can serve another request (the body ended properly).
+fn write_stream(
     writer: &mut impl Write,
+    shared: &Shared,
     headers: &[(String, String)],
-    body: &str,
-) -> io::Result<()> {
+    chunks: &[String],
+    stream: &Streaming,
+) -> io::Result<bool> {
+    let mut head = String::from("HTTP/1.1 200 OK\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("Transfer-Encoding: chunked\r\n\r\n");
+    writer.write_all(head.as_bytes())?;
+    writer.flush()?;
+    for (index, chunk) in chunks.iter().enumerate() {
+        if let Some((after, d)) = stream.stall
+            && index == after
+        {
+            pause(shared, d);
+            return Ok(false);
+        }
+        if index > 0 && !stream.delay.is_zero() && !pause(shared, stream.delay) {
+            return Ok(false);
+        }
+        writer.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())?;
+        writer.flush()?;
+    }
+    if let Some((after, d)) = stream.stall
+        && after >= chunks.len()
+    {
+        pause(shared, d);
+        return Ok(false);
+    }
+    if matches!(stream.end, StreamEnd::HangUp(_)) {
+        return Ok(false);
+    }
+    writer.write_all(b"0\r\n\r\n")?;
+    writer.flush()?;
+    Ok(true)
+}
+
+fn write_truncated(writer: &mut impl Write, headers: &[(String, String)], body: &str) -> io::Result<()> {
     // No `Connection: close`: this simulates a server dying mid-body, not a planned close.
     let mut bytes = response_head(200, headers, body.len(), false).into_bytes();
     bytes.extend_from_slice(&body.as_bytes()[..body.len() / 2]);

@@ -1,22 +1,54 @@
-//! One blocking HTTP client with the timeouts and retry rules every backend shares.
+//! One HTTP client with the timeouts and retry rules every backend shares.
 //!
 //! Transport faults and the statuses that mean "try again later" are retried here; the
 //! backends only ever see a final HTTP reply (success or not) or a final transport error,
 //! and turn those into [`BackendError`](super::BackendError)s that say what to do.
+//!
+//! The client is reqwest's async one, driven on the caller's thread by a current-thread tokio
+//! runtime that each client owns (tokio and its timers are in every build through reqwest
+//! already). reqwest's blocking client has a single timeout per request, applied to the wait
+//! for the headers and again to each read of the body: it cannot give a streamed reply a
+//! long wait for its first byte and a short one between its pieces.
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 /// Timeouts and retries of the HTTP backends.
+///
+/// A streamed reply (the default) has no limit on its length in time: it may take as long as
+/// the server keeps sending, and the request's output cap bounds how long that can be. What
+/// is limited is silence: before the reply's first byte ([`first_byte_timeout`]) and between
+/// two of its pieces ([`idle_timeout`]), so that a stalled server is noticed within a minute
+/// while a slow one works on. A reply asked for whole (a server that cannot stream) has one
+/// limit for all of it, [`request_timeout`].
+///
+/// Ollama holds back a tool call until the model has written all of it, and sends nothing
+/// meanwhile: a streamed request that offers tools to Ollama may be silent as long as a whole
+/// one, so both of its silences are allowed the longer of their own limit and
+/// [`request_timeout`].
+///
+/// [`first_byte_timeout`]: HttpConfig::first_byte_timeout
+/// [`idle_timeout`]: HttpConfig::idle_timeout
+/// [`request_timeout`]: HttpConfig::request_timeout
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpConfig {
     /// Time allowed to open a connection. A few seconds: a server on this machine or the LAN
     /// answers at once, so a long wait only delays the "server not running" message.
     pub connect_timeout: Duration,
-    /// Time allowed for one whole request. Minutes, not reqwest's 30 s: a local server loads
-    /// the model's weights on its first request, and a long reply can take minutes on a CPU.
+    /// Time allowed for one whole reply asked for without streaming. Minutes, not reqwest's
+    /// 30 s: a local server loads the model's weights on its first request, and a long reply
+    /// can take minutes on a CPU.
     pub request_timeout: Duration,
+    /// Time allowed between sending a streamed request and the first byte of its reply. Five
+    /// minutes: before its first token a local server loads the model's weights (on its first
+    /// request) and reads the whole prompt, which on a CPU goes at tens of tokens a second.
+    pub first_byte_timeout: Duration,
+    /// The longest silence allowed between two pieces of a streamed reply once it has begun.
+    /// A minute: even on a CPU a model sends a token every second or so, so a minute of
+    /// silence is a server that has stalled or died.
+    pub idle_timeout: Duration,
     /// When and how often to try again.
     pub retry: RetryPolicy,
 }
@@ -26,6 +58,8 @@ impl Default for HttpConfig {
         HttpConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(600),
+            first_byte_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
         }
     }
@@ -35,9 +69,9 @@ impl Default for HttpConfig {
 ///
 /// Retried: connection failures, a connection closed before the whole reply arrived, and the
 /// statuses 408, 409, 429 and 5xx. Never retried: any other 4xx, a 429 that says
-/// `insufficient_quota` (waiting does not add credit), and a request that ran past
-/// [`HttpConfig::request_timeout`] (the server is working, only slowly: a second try would
-/// just double the wait).
+/// `insufficient_quota` (waiting does not add credit), and a request that ran past one of its
+/// time limits (the server is working, only slowly, or has stalled: a second try would just
+/// double the wait).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// Retries after the first attempt.
@@ -109,72 +143,240 @@ pub(crate) enum TransportKind {
     Connect,
     /// The request ran past the request timeout.
     Timeout,
+    /// A streamed request's reply did not begin within this limit.
+    Silent(Limit),
     /// The connection broke before the whole reply arrived.
     Interrupted,
 }
 
+/// The first answer to a streamed request, after any retries.
+pub(crate) enum Opened<'c> {
+    /// A reply read whole: an error status, or a server that answered with one JSON body.
+    Whole { status: u16, body: String },
+    /// A 2xx reply whose body streams.
+    Stream(Box<ByteStream<'c>>),
+}
+
+/// A limit on a streamed reply's silence, and the [`HttpConfig`] field it comes from (for the
+/// message that says which to raise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limit {
+    pub after: Duration,
+    pub name: &'static str,
+}
+
+impl Limit {
+    /// The longer of the two limits.
+    pub fn max_with(self, other: Limit) -> Limit {
+        if other.after > self.after { other } else { self }
+    }
+}
+
+/// The body of a streamed reply, read piece by piece within the silence limits.
+pub(crate) struct ByteStream<'c> {
+    runtime: &'c tokio::runtime::Runtime,
+    response: reqwest::Response,
+    /// When the first byte must have arrived by, and the limit that says so.
+    first_byte_by: Option<Instant>,
+    first_byte: Limit,
+    /// The longest silence allowed once the body has begun.
+    pub idle: Limit,
+    /// Whether any byte of the body has arrived.
+    pub begun: bool,
+}
+
+/// Why the next piece of a streamed body could not be had.
+pub(crate) enum ChunkError {
+    /// Nothing arrived within this limit.
+    Silent(Limit),
+    /// The connection broke.
+    Broken(String),
+}
+
+impl ByteStream<'_> {
+    /// The next piece of the body; `None` when it has ended.
+    pub fn next(&mut self) -> Result<Option<bytes::Bytes>, ChunkError> {
+        let limit = match self.first_byte_by {
+            Some(by) if !self.begun => by.saturating_duration_since(Instant::now()),
+            None if !self.begun => self.first_byte.after,
+            _ => self.idle.after,
+        };
+        let response = &mut self.response;
+        match self.runtime.block_on(async { tokio::time::timeout(limit, response.chunk()).await }) {
+            Ok(Ok(Some(chunk))) => {
+                self.begun |= !chunk.is_empty();
+                Ok(Some(chunk))
+            }
+            Ok(Ok(None)) => Ok(None),
+            Ok(Err(err)) => Err(ChunkError::Broken(error_chain(&err))),
+            Err(_) if self.begun => Err(ChunkError::Silent(self.idle)),
+            Err(_) => Err(ChunkError::Silent(self.first_byte)),
+        }
+    }
+}
+
 pub(crate) struct HttpClient {
-    client: reqwest::blocking::Client,
+    client: reqwest::Client,
+    runtime: tokio::runtime::Runtime,
     config: HttpConfig,
+}
+
+/// What one attempt came to.
+enum Attempt<T> {
+    /// The server answered; `retry` holds the reason and the server's requested wait when
+    /// the policy would try again.
+    Answered { value: T, retry: Option<(String, Option<Duration>)> },
+    /// No answer could be had.
+    Failed { kind: TransportKind, detail: String },
 }
 
 impl HttpClient {
     pub fn new(config: HttpConfig) -> Result<HttpClient, String> {
-        let builder =
-            reqwest::blocking::Client::builder().connect_timeout(config.connect_timeout).timeout(config.request_timeout);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("could not start the HTTP client's runtime: {e}"))?;
+        let builder = reqwest::Client::builder().connect_timeout(config.connect_timeout);
         #[cfg(feature = "tls")]
         let builder = builder.tls_backend_preconfigured(tls_config()?);
-        let client = builder.build().map_err(|e| error_chain(&e))?;
-        Ok(HttpClient { client, config })
+        let client = {
+            let _inside = runtime.enter();
+            builder.build().map_err(|e| error_chain(&e))?
+        };
+        Ok(HttpClient { client, runtime, config })
     }
 
     pub fn config(&self) -> &HttpConfig {
         &self.config
     }
 
-    /// POSTs `body`, JSON already encoded, retrying what [`RetryPolicy`] says to retry.
+    /// Runs `future` to completion on this client's runtime, or gives up after `limit`.
+    fn run<T>(&self, limit: Duration, future: impl Future<Output = T>) -> Result<T, tokio::time::error::Elapsed> {
+        // The timer is made inside the runtime: tokio's timers need one to exist.
+        self.runtime.block_on(async { tokio::time::timeout(limit, future).await })
+    }
+
+    /// POSTs `body`, JSON already encoded, and reads the whole reply within
+    /// [`HttpConfig::request_timeout`], retrying what [`RetryPolicy`] says to retry.
     pub fn post_json(&self, url: &str, bearer: Option<&str>, body: Vec<u8>) -> Result<HttpReply, TransportError> {
+        let limit = self.config.request_timeout;
+        let (reply, retries) = self.with_retries(url, bearer, body, |request| {
+            let outcome = self.run(limit, async {
+                let response = request.send().await?;
+                let status = response.status().as_u16();
+                let retry_after = retry_after(response.headers());
+                response.text().await.map(|body| (status, retry_after, body))
+            });
+            match outcome {
+                Ok(Ok((status, retry_after, body))) => {
+                    let retry = is_retryable_status(status, &body).then(|| (format!("HTTP {status}"), retry_after));
+                    Attempt::Answered { value: (status, body), retry }
+                }
+                Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
+                Err(_) => Attempt::Failed {
+                    kind: TransportKind::Timeout,
+                    detail: format!("no whole reply within {} s", limit.as_secs_f64()),
+                },
+            }
+        })?;
+        let (status, body) = reply;
+        Ok(HttpReply { status, body, retries })
+    }
+
+    /// POSTs `body` asking for a streamed reply: waits at most `first_byte` for the reply to
+    /// begin, and hands back its body to be read piece by piece; retries what [`RetryPolicy`]
+    /// says to retry before the body begins. An error status, or a server that answered with
+    /// one JSON body, is read whole.
+    pub fn post_stream(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        body: Vec<u8>,
+        first_byte: Limit,
+        idle: Limit,
+    ) -> Result<(Opened<'_>, Vec<RetryRecord>), TransportError> {
+        let whole_limit = self.config.request_timeout;
+        self.with_retries(url, bearer, body, |request| {
+            let started = Instant::now();
+            let response = match self.run(first_byte.after, request.send()) {
+                Ok(Ok(response)) => response,
+                Ok(Err(err)) => return Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
+                Err(_) => {
+                    let detail = format!("no reply within {} s", first_byte.after.as_secs_f64());
+                    return Attempt::Failed { kind: TransportKind::Silent(first_byte), detail };
+                }
+            };
+            let status = response.status().as_u16();
+            let json = response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+            if (200..300).contains(&status) && !json {
+                let stream = ByteStream {
+                    runtime: &self.runtime,
+                    response,
+                    // No deadline at all for a limit too long to add to the clock.
+                    first_byte_by: started.checked_add(first_byte.after),
+                    first_byte,
+                    idle,
+                    begun: false,
+                };
+                return Attempt::Answered { value: Opened::Stream(Box::new(stream)), retry: None };
+            }
+            let retry_after = retry_after(response.headers());
+            match self.run(whole_limit, response.text()) {
+                Ok(Ok(body)) => {
+                    let retry = is_retryable_status(status, &body).then(|| (format!("HTTP {status}"), retry_after));
+                    Attempt::Answered { value: Opened::Whole { status, body }, retry }
+                }
+                Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
+                Err(_) => Attempt::Failed {
+                    kind: TransportKind::Timeout,
+                    detail: format!("no whole reply within {} s", whole_limit.as_secs_f64()),
+                },
+            }
+        })
+    }
+
+    /// Makes attempts until one gives an answer the policy keeps, the policy's retries run
+    /// out, or one fails in a way that is never retried (a timeout).
+    fn with_retries<T>(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        body: Vec<u8>,
+        mut attempt: impl FnMut(reqwest::RequestBuilder) -> Attempt<T>,
+    ) -> Result<(T, Vec<RetryRecord>), TransportError> {
         // Shared by every attempt without a copy.
         let bytes = bytes::Bytes::from(body);
         let policy = &self.config.retry;
         let mut retries = Vec::new();
-        let mut attempt = 0;
+        let mut number = 0;
         loop {
-            attempt += 1;
-            let may_retry = attempt <= policy.max_retries;
-            let mut request = self
-                .client
-                .post(url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(bytes.clone());
+            number += 1;
+            let may_retry = number <= policy.max_retries;
+            let mut request =
+                self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(bytes.clone());
             if let Some(key) = bearer {
                 request = request.bearer_auth(key);
             }
-            let outcome = request.send().and_then(|response| {
-                let status = response.status().as_u16();
-                let retry_after = retry_after(response.headers());
-                response.text().map(|body| (status, retry_after, body))
-            });
-            let (reason, server_wait) = match outcome {
-                Ok((status, retry_after, body)) => {
-                    if !is_retryable_status(status, &body) || !may_retry {
-                        return Ok(HttpReply { status, body, retries });
+            let (reason, server_wait) = match attempt(request) {
+                Attempt::Answered { value, retry: None } => return Ok((value, retries)),
+                Attempt::Answered { value, retry: Some(_) } if !may_retry => return Ok((value, retries)),
+                Attempt::Answered { retry: Some(retry), .. } => retry,
+                Attempt::Failed { kind, detail } => {
+                    if matches!(kind, TransportKind::Timeout | TransportKind::Silent(_)) || !may_retry {
+                        return Err(TransportError { kind, detail, attempts: number });
                     }
-                    (format!("HTTP {status}"), retry_after)
-                }
-                Err(err) => {
-                    let kind = transport_kind(&err);
-                    if kind == TransportKind::Timeout || !may_retry {
-                        return Err(TransportError { kind, detail: error_chain(&err), attempts: attempt });
-                    }
-                    (error_chain(&err), None)
+                    (detail, None)
                 }
             };
             let waited = match server_wait {
                 Some(wait) => wait.min(policy.max_retry_after),
-                None => jitter(policy.backoff(attempt - 1)),
+                None => jitter(policy.backoff(number - 1)),
             };
-            retries.push(RetryRecord { attempt, reason, waited });
+            retries.push(RetryRecord { attempt: number, reason, waited });
             std::thread::sleep(waited);
         }
     }
@@ -213,9 +415,11 @@ fn jitter(wait: Duration) -> Duration {
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
-        }
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
+    }
     let secs = header("retry-after").and_then(|v| v.parse::<f64>().ok())?;
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)))
 }

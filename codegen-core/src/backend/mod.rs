@@ -8,20 +8,29 @@
 //!
 //! Each backend speaks its protocol with serde types of its own and hands the loop the
 //! protocol-neutral [`Message`]s of [`crate::chat`].
+//!
+//! The HTTP backends ask for streamed replies ([`BackendConfig::stream`]) and put each one
+//! together from its pieces ([`stream`]), so that [`Backend::chat_observed`] can show it as it
+//! arrives and a stalled server is noticed within [`HttpConfig::idle_timeout`]. The
+//! [`ChatResponse`] is the one the same reply asked for whole gives, so nothing recorded
+//! depends on whether it streamed. A server that cannot stream a request is asked again
+//! without streaming (see [`Delivery`]), and is not asked to stream such requests again.
 
 pub mod http;
 pub mod ollama;
 pub mod openai;
 pub mod scripted;
+pub mod stream;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::chat::{Message, ToolSpec};
+use crate::chat::{Message, ToolCall, ToolSpec};
 pub use http::{HttpConfig, RetryPolicy, RetryRecord};
+use stream::{AssembledReply, StreamError};
 
 /// Which kind of server a backend talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,6 +101,45 @@ pub struct ChatResponse {
     pub finish_reason: Option<String>,
     /// Retries that were needed to get this reply.
     pub retries: Vec<RetryRecord>,
+    /// Whether it streamed: the same reply may arrive either way, so this is run-dependent
+    /// (a transcript keeps it with the other volatile data).
+    pub delivery: Delivery,
+}
+
+/// How a reply arrived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Streamed, piece by piece.
+    Streamed,
+    /// Whole: streaming is off, this backend has nothing to stream, or the server showed
+    /// earlier that it cannot stream this kind of request.
+    Whole,
+    /// Whole, after the server failed to stream it: why. Such requests are not streamed to
+    /// this server again.
+    Fallback(String),
+}
+
+/// A streamed reply so far, shown after each piece that added to it (see
+/// [`Backend::chat_observed`]). For progress displays only: never recorded, since the same
+/// reply may arrive in other pieces another time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress<'a> {
+    /// Pieces of the reply received so far: server-sent events or NDJSON lines that carried
+    /// some of it. Servers send about one token per piece, except that Ollama sends each tool
+    /// call whole, in one piece, once the model has written all of it.
+    pub pieces: u64,
+    /// Characters of the reply's text received so far.
+    pub text_chars: u64,
+    /// Characters of tool-call arguments received so far.
+    pub argument_chars: u64,
+    /// The tool the model is calling, as soon as the call's name has arrived (the latest call
+    /// of the reply).
+    pub tool: Option<&'a str>,
+    /// The text that arrived since the last report.
+    pub text: &'a str,
+    /// Time since the request was sent, retries included.
+    pub elapsed: Duration,
 }
 
 /// Token counts of one model call.
@@ -111,6 +159,17 @@ pub trait Backend {
     fn location(&self) -> String;
     /// Sends the request and waits for the whole reply.
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError>;
+    /// Sends the request and shows `progress` the reply as it streams in, then returns the
+    /// same response [`Backend::chat`] would. Backends that do not stream show nothing (the
+    /// default calls [`Backend::chat`]).
+    fn chat_observed(
+        &mut self,
+        request: &ChatRequest<'_>,
+        progress: &mut dyn FnMut(&Progress<'_>),
+    ) -> Result<ChatResponse, BackendError> {
+        let _ = progress;
+        self.chat(request)
+    }
 }
 
 /// Everything needed to open any backend, e.g. from a configuration file.
@@ -129,6 +188,11 @@ pub struct BackendConfig {
     pub max_output_tokens: u32,
     /// The file of canned turns, for `scripted`.
     pub script: Option<PathBuf>,
+    /// Whether the HTTP backends ask for streamed replies (the default): a step can then show
+    /// a reply as it arrives, and a stalled server is noticed within
+    /// [`HttpConfig::idle_timeout`] instead of at the end of [`HttpConfig::request_timeout`].
+    /// What is recorded is the same either way.
+    pub stream: bool,
     /// Timeouts and retries of the HTTP backends.
     pub http: HttpConfig,
 }
@@ -153,6 +217,7 @@ impl BackendConfig {
             num_ctx: BackendConfig::DEFAULT_NUM_CTX,
             max_output_tokens: BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS,
             script: None,
+            stream: true,
             http: HttpConfig::default(),
         }
     }
@@ -201,8 +266,27 @@ pub enum BackendError {
         /// The transport's error.
         detail: String,
     },
+    /// A streamed reply did not begin, or stopped coming, within its silence limit.
+    #[error("{backend} at {url} {}\n{}", stalled_what(*silent, *pieces, *began), stalled_hint(*backend, limit))]
+    Stalled {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// How long it sent nothing before we gave up.
+        silent: Duration,
+        /// Pieces of the reply that had arrived.
+        pieces: u64,
+        /// Whether any byte of the reply's body had arrived.
+        began: bool,
+        /// The [`HttpConfig`] field whose limit ran out: `first_byte_timeout`, `idle_timeout`,
+        /// or `request_timeout` (a request that offers Ollama tools, see [`HttpConfig`]).
+        limit: &'static str,
+    },
     /// The connection broke before the whole reply arrived, even after retries.
-    #[error("{backend} at {url} broke off its reply ({attempts} attempts): {detail}\nCheck the server's log; it may have crashed or run out of memory.")]
+    #[error(
+        "{backend} at {url} broke off its reply ({attempts} attempts): {detail}\nCheck the server's log; it may have crashed or run out of memory."
+    )]
     Interrupted {
         /// Which backend.
         backend: BackendKind,
@@ -226,7 +310,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The model cannot take a `tools` field.
-    #[error("model `{model}` on {backend} does not support native tool calls: {server_message}\nSet `protocol = \"json\"` (or \"blocks\" for small models) for this step; the tools are then described in the prompt.")]
+    #[error(
+        "model `{model}` on {backend} does not support native tool calls: {server_message}\nSet `protocol = \"json\"` (or \"blocks\" for small models) for this step; the tools are then described in the prompt."
+    )]
     ToolsUnsupported {
         /// Which backend.
         backend: BackendKind,
@@ -236,7 +322,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The conversation no longer fits the server's context window.
-    #[error("{backend} at {url} says the conversation no longer fits the model's context window: {server_message}\nGive the server a larger context (llama-server `-c`/`--ctx-size`, llama-cpp-python `--n_ctx`, Ollama `num_ctx`), give the step fewer or smaller inputs, or lower `max_output_tokens` and the step's budget of model calls so that its history stays shorter.")]
+    #[error(
+        "{backend} at {url} says the conversation no longer fits the model's context window: {server_message}\nGive the server a larger context (llama-server `-c`/`--ctx-size`, llama-cpp-python `--n_ctx`, Ollama `num_ctx`), give the step fewer or smaller inputs, or lower `max_output_tokens` and the step's budget of model calls so that its history stays shorter."
+    )]
     ContextOverflow {
         /// Which backend.
         backend: BackendKind,
@@ -246,7 +334,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The API key is missing, wrong, or lacks access.
-    #[error("{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY in the environment to a valid key for this server.")]
+    #[error(
+        "{backend} at {url} refused the request with HTTP {status}: {server_message}\nCheck the API key: set OPENAI_API_KEY in the environment to a valid key for this server."
+    )]
     Unauthorized {
         /// Which backend.
         backend: BackendKind,
@@ -258,7 +348,9 @@ pub enum BackendError {
         server_message: String,
     },
     /// The account has no credit left; retrying does not help.
-    #[error("{backend} at {url} says the account's quota is used up: {server_message}\nAdd credit or use another key; this is not retried.")]
+    #[error(
+        "{backend} at {url} says the account's quota is used up: {server_message}\nAdd credit or use another key; this is not retried."
+    )]
     QuotaExceeded {
         /// Which backend.
         backend: BackendKind,
@@ -282,7 +374,9 @@ pub enum BackendError {
         attempts: u32,
     },
     /// A 2xx reply that is not what the protocol promises.
-    #[error("{backend} at {url} sent a reply that is not a valid {backend} chat response: {detail}\nReply began with: {body_start}")]
+    #[error(
+        "{backend} at {url} sent a reply that is not a valid {backend} chat response: {detail}\nReply began with: {body_start}"
+    )]
     BadResponse {
         /// Which backend.
         backend: BackendKind,
@@ -338,17 +432,53 @@ fn unreachable_hint(backend: BackendKind, url: &str) -> String {
     }
 }
 
+fn stalled_what(silent: Duration, pieces: u64, began: bool) -> String {
+    let seconds = silent.as_secs_f64();
+    match (began, pieces) {
+        (false, _) => format!("sent nothing for {seconds} s after the request: its streamed reply never began."),
+        (true, 0) => format!("went silent for {seconds} s before the first piece of its streamed reply."),
+        (true, pieces) => {
+            format!("went silent for {seconds} s in the middle of its streamed reply, after {pieces} pieces of it.")
+        }
+    }
+}
+
+fn stalled_hint(backend: BackendKind, limit: &str) -> String {
+    let look = match backend {
+        BackendKind::Ollama => "Check that the server is still working (`ollama ps`, its log, its CPU use)",
+        _ => "Check that the server is still working (its log, its CPU use)",
+    };
+    let why = match limit {
+        "first_byte_timeout" => {
+            "a local server loads the model and reads the whole prompt before its first token, which can take minutes \
+             on a CPU"
+        }
+        "request_timeout" => {
+            "Ollama sends nothing while the model writes a tool call, so this request was allowed the whole-request \
+             timeout of silence, and a long file written slowly can take longer"
+        }
+        _ => "a server that stops sending in the middle of a reply has usually stalled or crashed",
+    };
+    format!("{look}: {why}. If it is only slow, raise `{limit}` (in `HttpConfig`).")
+}
+
 fn status_hint(backend: BackendKind, status: u16) -> &'static str {
     match (backend, status) {
-        (BackendKind::OpenAi, 404) => "\nCheck the base URL: it must end where `/chat/completions` begins, usually in `/v1` (e.g. http://127.0.0.1:8080/v1).",
-        (BackendKind::Ollama, 404) => "\nCheck the URL: Ollama serves `/api/chat` at its root (e.g. http://127.0.0.1:11434), without `/v1`.",
+        (BackendKind::OpenAi, 404) => {
+            "\nCheck the base URL: it must end where `/chat/completions` begins, usually in `/v1` (e.g. http://127.0.0.1:8080/v1)."
+        }
+        (BackendKind::Ollama, 404) => {
+            "\nCheck the URL: Ollama serves `/api/chat` at its root (e.g. http://127.0.0.1:11434), without `/v1`."
+        }
         _ => "",
     }
 }
 
 fn model_hint(backend: BackendKind, model: &str) -> String {
     match backend {
-        BackendKind::Ollama => format!("Download it with `ollama pull {model}`, or choose a model that `ollama list` shows."),
+        BackendKind::Ollama => {
+            format!("Download it with `ollama pull {model}`, or choose a model that `ollama list` shows.")
+        }
         _ => "Choose a model the server serves (`GET /v1/models` lists them).".to_string(),
     }
 }
@@ -448,79 +578,335 @@ pub(crate) fn classify_transport(
     match kind {
         http::TransportKind::Connect => BackendError::Unreachable { backend, url, detail, attempts },
         http::TransportKind::Timeout => BackendError::Timeout { backend, url, timeout, detail },
+        http::TransportKind::Silent(limit) => {
+            BackendError::Stalled { backend, url, silent: limit.after, pieces: 0, began: false, limit: limit.name }
+        }
         http::TransportKind::Interrupted => BackendError::Interrupted { backend, url, detail, attempts },
     }
 }
 
-/// A chat reply's wire type: it may carry an `{"error": ...}` even with a 2xx status (a
-/// stream that failed after it began).
-pub(crate) trait WireReply: serde::de::DeserializeOwned {
-    /// The error the body carries, taken out of it.
-    fn take_error(&mut self) -> Option<serde_json::Value>;
+/// How a request asks for its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// In one body.
+    Whole,
+    /// Streamed; `usage`: with token counts in the stream (OpenAI's `stream_options`).
+    Stream { usage: bool },
 }
 
-/// A 2xx chat reply, parsed.
-pub(crate) struct Received<W> {
-    pub wire: W,
-    pub retries: Vec<RetryRecord>,
-    backend: BackendKind,
+/// Why a whole reply could not be read.
+pub(crate) enum Unread {
+    /// The 2xx body reports an error: the error, as an error body.
+    Error(String),
+    /// The body is not what the protocol promises: what is wrong.
+    Bad(String),
+}
+
+/// What an HTTP backend's protocol brings to the [`Exchange`] both share.
+pub(crate) trait Wire {
+    /// Whether the server sends nothing while the model writes a tool call (Ollama holds each
+    /// call back until it is complete), so that a request offering tools may be silent as long
+    /// as a whole one.
+    const HOLDS_BACK_TOOL_CALLS: bool;
+    /// The request without its messages, which go in already encoded (see [`MessageCache`]).
+    fn head(&self, request: &ChatRequest<'_>, ask: Ask) -> serde_json::Result<String>;
+    /// One message of the history as the server takes it.
+    fn encode(message: &Message) -> serde_json::Result<String>;
+    /// A whole reply's 2xx body, read.
+    fn read_whole(body: &str) -> Result<AssembledReply, Unread>;
+    /// A decoder of the protocol's streamed replies.
+    fn decoder() -> stream::Decoder;
+}
+
+/// One chat exchange, the part both HTTP backends share: encodes the request (its history
+/// through the cache), asks for a streamed reply and puts it together, or asks for a whole one
+/// where the server cannot stream; retries what the policy retries; and turns every failure
+/// (transport, error status, a reply that is not valid, an error inside a reply, a stall)
+/// into the `BackendError` that says what to do.
+pub(crate) struct Exchange {
+    kind: BackendKind,
     url: String,
-    body_start: String,
+    bearer: Option<String>,
+    http: http::HttpClient,
+    stream: bool,
+    messages: MessageCache,
+    ids: IdMinter,
+    cannot: CannotStream,
 }
 
-impl<W> Received<W> {
-    /// The error for a reply that parsed but lacks what the protocol promises.
-    pub fn bad(&self, detail: &str) -> BackendError {
-        BackendError::BadResponse {
-            backend: self.backend,
+/// What the server has shown it cannot stream, remembered for the backend's life so that later
+/// calls do not pay for a failed attempt again.
+#[derive(Debug, Default)]
+struct CannotStream {
+    /// Requests that offer tools: why not.
+    with_tools: Option<String>,
+    /// Any request: why not.
+    at_all: Option<String>,
+    /// The server refused `stream_options`: streams are asked for without it.
+    usage_option: bool,
+}
+
+/// What a streamed request came to.
+enum Streamed {
+    /// The reply, and how it arrived.
+    Reply(AssembledReply, Delivery),
+    /// The server cannot stream it (why): ask for it whole.
+    Unable(String),
+}
+
+impl Exchange {
+    pub fn new(
+        kind: BackendKind,
+        url: String,
+        bearer: Option<String>,
+        config: &BackendConfig,
+    ) -> Result<Exchange, BackendError> {
+        let http = http::HttpClient::new(config.http.clone()).map_err(|detail| BackendError::Config {
+            backend: kind,
+            url: url.clone(),
+            detail,
+        })?;
+        Ok(Exchange {
+            kind,
+            url,
+            bearer,
+            http,
+            stream: config.stream,
+            messages: MessageCache::default(),
+            ids: IdMinter::default(),
+            cannot: CannotStream::default(),
+        })
+    }
+
+    pub fn chat<W: Wire>(
+        &mut self,
+        wire: &W,
+        request: &ChatRequest<'_>,
+        progress: &mut dyn FnMut(&Progress<'_>),
+    ) -> Result<ChatResponse, BackendError> {
+        let started = Instant::now();
+        let tools = !request.tools.is_empty();
+        let mut retries = Vec::new();
+        let mut fallback = None;
+        if self.stream && self.cannot.at_all.is_none() && !(tools && self.cannot.with_tools.is_some()) {
+            match self.streamed(wire, request, started, &mut retries, progress)? {
+                Streamed::Reply(reply, delivery) => return Ok(self.respond(reply, retries, delivery)),
+                Streamed::Unable(reason) => fallback = Some(reason),
+            }
+        }
+        let body = self.body(wire, request, Ask::Whole)?;
+        let timeout = self.http.config().request_timeout;
+        let reply = self
+            .http
+            .post_json(&self.url, self.bearer.as_deref(), body)
+            .map_err(|err| classify_transport(self.kind, &self.url, timeout, err))?;
+        let attempts = reply.retries.len() as u32 + 1;
+        retries.extend(reply.retries);
+        let whole = self.read_whole::<W>(request.model, reply.status, &reply.body, attempts)?;
+        let delivery = fallback.map_or(Delivery::Whole, Delivery::Fallback);
+        Ok(self.respond(whole, retries, delivery))
+    }
+
+    fn body<W: Wire>(&mut self, wire: &W, request: &ChatRequest<'_>, ask: Ask) -> Result<Vec<u8>, BackendError> {
+        let encoding = |e: serde_json::Error| BackendError::Config {
+            backend: self.kind,
             url: self.url.clone(),
-            detail: detail.to_string(),
-            body_start: self.body_start.clone(),
+            detail: format!("could not encode the request: {e}"),
+        };
+        let head = wire.head(request, ask).map_err(encoding)?;
+        self.messages.body(&head, request.messages, W::encode).map_err(encoding)
+    }
+
+    /// A whole reply, or the error its status or body says.
+    fn read_whole<W: Wire>(
+        &self,
+        model: &str,
+        status: u16,
+        body: &str,
+        attempts: u32,
+    ) -> Result<AssembledReply, BackendError> {
+        if !(200..300).contains(&status) {
+            return Err(classify_status(self.kind, &self.url, model, status, body, attempts));
+        }
+        W::read_whole(body).map_err(|unread| match unread {
+            Unread::Error(error) => classify_status(self.kind, &self.url, model, 500, &error, attempts),
+            Unread::Bad(detail) => BackendError::BadResponse {
+                backend: self.kind,
+                url: self.url.clone(),
+                detail,
+                body_start: excerpt(body, 200),
+            },
+        })
+    }
+
+    fn streamed<W: Wire>(
+        &mut self,
+        wire: &W,
+        request: &ChatRequest<'_>,
+        started: Instant,
+        retries: &mut Vec<RetryRecord>,
+        progress: &mut dyn FnMut(&Progress<'_>),
+    ) -> Result<Streamed, BackendError> {
+        let tools = !request.tools.is_empty();
+        let config = self.http.config().clone();
+        let limit = |after, name| http::Limit { after, name };
+        let whole_request = limit(config.request_timeout, "request_timeout");
+        let mut first_byte = limit(config.first_byte_timeout, "first_byte_timeout");
+        let mut idle = limit(config.idle_timeout, "idle_timeout");
+        if tools && W::HOLDS_BACK_TOOL_CALLS {
+            first_byte = first_byte.max_with(whole_request);
+            idle = idle.max_with(whole_request);
+        }
+        let scope = if tools { "requests that offer tools" } else { "requests" };
+        loop {
+            let body = self.body(wire, request, Ask::Stream { usage: !self.cannot.usage_option })?;
+            let (opened, attempt_retries) = self
+                .http
+                .post_stream(&self.url, self.bearer.as_deref(), body, first_byte, idle)
+                .map_err(|err| classify_transport(self.kind, &self.url, config.request_timeout, err))?;
+            let attempts = attempt_retries.len() as u32 + 1;
+            retries.extend(attempt_retries);
+            let mut bytes = match opened {
+                http::Opened::Stream(bytes) => bytes,
+                http::Opened::Whole { status, body } if (200..300).contains(&status) => {
+                    // A server that ignored `stream` and answered whole.
+                    let reply = self.read_whole::<W>(request.model, status, &body, attempts)?;
+                    return Ok(Streamed::Reply(reply, Delivery::Whole));
+                }
+                http::Opened::Whole { status, body } => {
+                    let error = classify_status(self.kind, &self.url, request.model, status, &body, attempts);
+                    if !matches!(error, BackendError::Status { .. }) {
+                        return Err(error);
+                    }
+                    if !self.cannot.usage_option && body.to_lowercase().contains("stream_options") {
+                        // Ask once more without the option; the stream must then bring token
+                        // counts of its own, or the reply is asked for whole (below).
+                        self.cannot.usage_option = true;
+                        continue;
+                    }
+                    let Some(refusal) = refuses_streaming(status, &body) else { return Err(error) };
+                    let reason = format!(
+                        "it refused a streamed request with HTTP {status}: {refusal}; {} are asked for whole from now on",
+                        if tools && refusal.to_lowercase().contains("tool") { scope } else { "requests" }
+                    );
+                    self.remember(tools && refusal.to_lowercase().contains("tool"), &reason);
+                    return Ok(Streamed::Unable(reason));
+                }
+            };
+
+            let mut decoder = W::decoder();
+            let mut broken = None;
+            loop {
+                match bytes.next() {
+                    Ok(Some(chunk)) => {
+                        let pushed = decoder.push(&chunk);
+                        if let Err(error) = pushed {
+                            return Err(self.stream_error(request.model, error, attempts));
+                        }
+                        if tools && decoder.holds_back_tool_calls() {
+                            bytes.idle = bytes.idle.max_with(whole_request);
+                        }
+                        if decoder.is_complete() {
+                            // Only the end of the body is left: do not wait long for it.
+                            bytes.idle.after = bytes.idle.after.min(Duration::from_secs(1));
+                        }
+                        if let Some(report) = decoder.progress(started.elapsed()) {
+                            progress(&report);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(_) if decoder.is_complete() => break,
+                    Err(http::ChunkError::Silent(limit)) => {
+                        return Err(BackendError::Stalled {
+                            backend: self.kind,
+                            url: self.url.clone(),
+                            silent: limit.after,
+                            pieces: decoder.pieces(),
+                            began: bytes.begun,
+                            limit: limit.name,
+                        });
+                    }
+                    Err(http::ChunkError::Broken(detail)) => {
+                        broken = Some(detail);
+                        break;
+                    }
+                }
+            }
+            let began = bytes.begun;
+            drop(bytes);
+            return match decoder.finish() {
+                Ok(reply) if reply.usage.is_some() => Ok(Streamed::Reply(reply, Delivery::Streamed)),
+                Ok(_) => {
+                    let reason = "its streamed reply carried no token counts (llama-cpp-python's never do), which a \
+                                  whole reply gives; requests are asked for whole from now on, so that what is \
+                                  recorded does not depend on streaming"
+                        .to_string();
+                    self.remember(false, &reason);
+                    Ok(Streamed::Unable(reason))
+                }
+                Err(StreamError::Unfinished { pieces, expected }) => {
+                    let how = match (&broken, began) {
+                        (Some(detail), _) => format!("its streamed reply broke off after {pieces} pieces ({detail})"),
+                        (None, false) => format!(
+                            "it answered a streamed {} with an empty stream (llama-cpp-python does when tools are \
+                             offered: \"Automatic streaming tool choice is not supported\")",
+                            if tools { "request that offers tools" } else { "request" }
+                        ),
+                        (None, true) => format!("its streamed reply ended after {pieces} pieces without {expected}"),
+                    };
+                    let reason = format!("{how}; {scope} are asked for whole from now on");
+                    self.remember(tools, &reason);
+                    Ok(Streamed::Unable(reason))
+                }
+                Err(error) => Err(self.stream_error(request.model, error, attempts)),
+            };
+        }
+    }
+
+    fn remember(&mut self, with_tools: bool, reason: &str) {
+        let slot = if with_tools { &mut self.cannot.with_tools } else { &mut self.cannot.at_all };
+        slot.get_or_insert_with(|| reason.to_string());
+    }
+
+    fn stream_error(&self, model: &str, error: StreamError, attempts: u32) -> BackendError {
+        match error {
+            StreamError::Server { body } => classify_status(self.kind, &self.url, model, 500, &body, attempts),
+            StreamError::Malformed { detail, start } => {
+                BackendError::BadResponse { backend: self.kind, url: self.url.clone(), detail, body_start: start }
+            }
+            unfinished @ StreamError::Unfinished { .. } => BackendError::Interrupted {
+                backend: self.kind,
+                url: self.url.clone(),
+                detail: unfinished.to_string(),
+                attempts,
+            },
+        }
+    }
+
+    fn respond(&mut self, reply: AssembledReply, retries: Vec<RetryRecord>, delivery: Delivery) -> ChatResponse {
+        let tool_calls = reply
+            .tool_calls
+            .into_iter()
+            .map(|call| ToolCall { id: self.ids.keep_or_mint(call.id), name: call.name, arguments: call.arguments })
+            .collect();
+        ChatResponse {
+            message: Message::assistant(reply.content, tool_calls),
+            usage: reply.usage.unwrap_or_default(),
+            finish_reason: reply.finish_reason,
+            retries,
+            delivery,
         }
     }
 }
 
-/// One chat exchange, the part both HTTP backends share: encodes `head` (the request without
-/// its messages) and the history through the cache, POSTs it with retries, and turns every
-/// failure (transport, error status, unparsable body, error in a 2xx body) into the
-/// `BackendError` that says what to do.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn exchange<W: WireReply>(
-    backend: BackendKind,
-    http: &http::HttpClient,
-    cache: &mut MessageCache,
-    url: &str,
-    bearer: Option<&str>,
-    model: &str,
-    head: &impl Serialize,
-    messages: &[Message],
-    encode: impl Fn(&Message) -> serde_json::Result<String>,
-) -> Result<Received<W>, BackendError> {
-    let encoding = |e: serde_json::Error| BackendError::Config {
-        backend,
-        url: url.to_string(),
-        detail: format!("could not encode the request: {e}"),
-    };
-    let head = serde_json::to_string(head).map_err(encoding)?;
-    let body = cache.body(&head, messages, encode).map_err(encoding)?;
-    let timeout = http.config().request_timeout;
-    let reply = http.post_json(url, bearer, body).map_err(|err| classify_transport(backend, url, timeout, err))?;
-    let attempts = reply.retries.len() as u32 + 1;
-    if !(200..300).contains(&reply.status) {
-        return Err(classify_status(backend, url, model, reply.status, &reply.body, attempts));
+/// What an error status says when it refuses streaming ("streaming is not supported"): its
+/// message, else `None`. Only a client error (or 501) counts; "upstream" is not "stream".
+fn refuses_streaming(status: u16, body: &str) -> Option<String> {
+    if !((400..500).contains(&status) || status == 501) {
+        return None;
     }
-    let body_start = excerpt(&reply.body, 200);
-    let mut wire: W = serde_json::from_str(&reply.body).map_err(|e| BackendError::BadResponse {
-        backend,
-        url: url.to_string(),
-        detail: e.to_string(),
-        body_start: body_start.clone(),
-    })?;
-    if let Some(error) = wire.take_error() {
-        let body = serde_json::json!({ "error": error }).to_string();
-        return Err(classify_status(backend, url, model, 500, &body, attempts));
-    }
-    Ok(Received { wire, retries: reply.retries, backend, url: url.to_string(), body_start })
+    let error = server_error(body);
+    error.message.to_lowercase().replace("upstream", "").contains("stream").then_some(error.message)
 }
 
 /// Deserialises a list that a server may send as `null` or leave out.
@@ -691,27 +1077,57 @@ mod tests {
 
     #[test]
     fn classification_tells_the_user_what_to_do() {
-        let err = classify_status(BackendKind::Ollama, "http://h/api/chat", "qwen", 404,
-            r#"{"error":"model 'qwen' not found, try pulling it first"}"#, 1);
+        let err = classify_status(
+            BackendKind::Ollama,
+            "http://h/api/chat",
+            "qwen",
+            404,
+            r#"{"error":"model 'qwen' not found, try pulling it first"}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::ModelNotFound { .. }));
         assert!(err.to_string().contains("ollama pull qwen"), "{err}");
 
-        let err = classify_status(BackendKind::Ollama, "u", "gemma", 400,
-            r#"{"error":"registry.ollama.ai/library/gemma:latest does not support tools"}"#, 1);
+        let err = classify_status(
+            BackendKind::Ollama,
+            "u",
+            "gemma",
+            400,
+            r#"{"error":"registry.ollama.ai/library/gemma:latest does not support tools"}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::ToolsUnsupported { .. }));
         assert!(err.to_string().contains("protocol = \"json\""), "{err}");
 
-        let err = classify_status(BackendKind::OpenAi, "u", "m", 401,
-            r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#, 1);
+        let err = classify_status(
+            BackendKind::OpenAi,
+            "u",
+            "m",
+            401,
+            r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::Unauthorized { status: 401, .. }));
         assert!(err.to_string().contains("OPENAI_API_KEY"), "{err}");
 
-        let err = classify_status(BackendKind::OpenAi, "u", "m", 429,
-            r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#, 1);
+        let err = classify_status(
+            BackendKind::OpenAi,
+            "u",
+            "m",
+            429,
+            r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::QuotaExceeded { .. }));
 
-        let err = classify_status(BackendKind::OpenAi, "u", "m", 404,
-            r#"{"error":{"message":"The model `m` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#, 1);
+        let err = classify_status(
+            BackendKind::OpenAi,
+            "u",
+            "m",
+            404,
+            r#"{"error":{"message":"The model `m` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#,
+            1,
+        );
         assert!(matches!(err, BackendError::ModelNotFound { .. }));
 
         let err = classify_status(BackendKind::OpenAi, "u", "m", 404, "404 page not found", 1);

@@ -1,14 +1,15 @@
-//! Ollama's native chat API: `POST {host}/api/chat`, non-streaming.
+//! Ollama's native chat API: `POST {host}/api/chat`, streamed as NDJSON (see [`super::stream`])
+//! or, where streaming fails, whole.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::http::HttpClient;
+use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
 use super::{
-    exchange, null_as_empty, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter,
-    MessageCache, Received, Usage, WireReply,
+    Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
+    Usage, Wire, null_as_empty,
 };
-use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
+use crate::chat::{Arguments, Message, Role, ToolSpec};
 
 /// Where Ollama listens when nothing says otherwise.
 pub const DEFAULT_HOST: &str = "http://127.0.0.1:11434";
@@ -16,13 +17,14 @@ pub const DEFAULT_HOST: &str = "http://127.0.0.1:11434";
 /// A client of one Ollama server.
 pub struct Ollama {
     host: String,
-    chat_url: String,
+    wire: OllamaWire,
+    exchange: Exchange,
+}
+
+/// What Ollama's requests carry besides the request itself.
+struct OllamaWire {
     num_ctx: u32,
     max_output_tokens: u32,
-    http: HttpClient,
-    ids: IdMinter,
-    /// The history as last sent, encoded.
-    messages: MessageCache,
 }
 
 impl Ollama {
@@ -34,19 +36,11 @@ impl Ollama {
             Some(text) => parse_host(&text),
             None => DEFAULT_HOST.to_string(),
         };
-        let http = HttpClient::new(config.http.clone()).map_err(|detail| BackendError::Config {
-            backend: BackendKind::Ollama,
-            url: host.clone(),
-            detail,
-        })?;
+        let exchange = Exchange::new(BackendKind::Ollama, format!("{host}/api/chat"), None, config)?;
         Ok(Ollama {
-            chat_url: format!("{host}/api/chat"),
             host,
-            num_ctx: config.num_ctx,
-            max_output_tokens: config.max_output_tokens,
-            http,
-            ids: IdMinter::default(),
-            messages: MessageCache::default(),
+            wire: OllamaWire { num_ctx: config.num_ctx, max_output_tokens: config.max_output_tokens },
+            exchange,
         })
     }
 
@@ -113,10 +107,27 @@ impl Backend for Ollama {
     }
 
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
-        let body = WireRequest {
+        self.exchange.chat(&self.wire, request, &mut |_| {})
+    }
+
+    fn chat_observed(
+        &mut self,
+        request: &ChatRequest<'_>,
+        progress: &mut dyn FnMut(&Progress<'_>),
+    ) -> Result<ChatResponse, BackendError> {
+        self.exchange.chat(&self.wire, request, progress)
+    }
+}
+
+impl Wire for OllamaWire {
+    // Ollama's tool parser keeps every token of a tool call until the call is complete.
+    const HOLDS_BACK_TOOL_CALLS: bool = true;
+
+    fn head(&self, request: &ChatRequest<'_>, ask: Ask) -> serde_json::Result<String> {
+        serde_json::to_string(&WireRequest {
             model: request.model,
             tools: request.tools.iter().map(WireTool::from_spec).collect(),
-            stream: false,
+            stream: ask != Ask::Whole,
             think: false,
             options: WireOptions {
                 seed: request.seed,
@@ -124,37 +135,57 @@ impl Backend for Ollama {
                 num_ctx: self.num_ctx,
                 num_predict: self.max_output_tokens,
             },
-        };
-        let received: Received<WireResponse> = exchange(
-            BackendKind::Ollama,
-            &self.http,
-            &mut self.messages,
-            &self.chat_url,
-            None,
-            request.model,
-            &body,
-            request.messages,
-            |m| serde_json::to_string(&WireMessage::from_message(m)),
-        )?;
-        let bad = received.bad("it has no `message`");
-        let wire = received.wire;
-        let message = wire.message.ok_or(bad)?;
-        let tool_calls = message
-            .tool_calls
-            .into_iter()
-            .map(|call| ToolCall {
-                id: self.ids.keep_or_mint(call.id),
-                name: call.function.name,
-                arguments: Arguments::from_value(call.function.arguments),
-            })
-            .collect();
-        Ok(ChatResponse {
-            message: Message::assistant(message.content, tool_calls),
-            usage: Usage { prompt_tokens: wire.prompt_eval_count, completion_tokens: wire.eval_count },
-            finish_reason: wire.done_reason,
-            retries: received.retries,
         })
     }
+
+    fn encode(message: &Message) -> serde_json::Result<String> {
+        serde_json::to_string(&WireMessage::from_message(message))
+    }
+
+    fn read_whole(body: &str) -> Result<AssembledReply, Unread> {
+        let mut wire: WireResponse = serde_json::from_str(body).map_err(|e| Unread::Bad(e.to_string()))?;
+        if let Some(error) = wire.error.take() {
+            return Err(Unread::Error(serde_json::json!({ "error": error }).to_string()));
+        }
+        let message = wire.message.ok_or_else(|| Unread::Bad("it has no `message`".to_string()))?;
+        Ok(AssembledReply {
+            content: message.content,
+            tool_calls: message.tool_calls.into_iter().map(WireCallIn::assembled).collect(),
+            usage: Some(Usage { prompt_tokens: wire.prompt_eval_count, completion_tokens: wire.eval_count }),
+            finish_reason: wire.done_reason,
+        })
+    }
+
+    fn decoder() -> stream::Decoder {
+        stream::Decoder::ollama()
+    }
+}
+
+/// One line of a streamed reply: a piece of the text, whole tool calls, or (with `done: true`)
+/// the end, with the token counts; or the error that ended the stream.
+pub(crate) fn apply_chunk(assembly: &mut Assembly, line: &str) -> Result<(), StreamError> {
+    let mut chunk: WireResponse = serde_json::from_str(line).map_err(|e| stream::malformed(e, line))?;
+    if let Some(error) = chunk.error.take() {
+        return Err(StreamError::Server { body: serde_json::json!({ "error": error }).to_string() });
+    }
+    if let Some(message) = chunk.message {
+        let carried = !message.content.is_empty() || !message.tool_calls.is_empty();
+        assembly.text(&message.content);
+        for call in message.tool_calls {
+            assembly.whole_call(call.id, call.function.name, call.function.arguments);
+        }
+        if carried {
+            assembly.piece();
+        }
+    }
+    if chunk.done {
+        assembly.usage(Usage { prompt_tokens: chunk.prompt_eval_count, completion_tokens: chunk.eval_count });
+        if let Some(reason) = chunk.done_reason {
+            assembly.finish_reason(reason);
+        }
+        assembly.complete = true;
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -235,19 +266,16 @@ impl<'a> WireTool<'a> {
     }
 }
 
+/// A whole reply, or one line of a streamed one.
 #[derive(Deserialize)]
 struct WireResponse {
     message: Option<WireReplyMessage>,
+    #[serde(default)]
+    done: bool,
     done_reason: Option<String>,
     prompt_eval_count: Option<u64>,
     eval_count: Option<u64>,
     error: Option<Value>,
-}
-
-impl WireReply for WireResponse {
-    fn take_error(&mut self) -> Option<Value> {
-        self.error.take()
-    }
 }
 
 #[derive(Deserialize)]
@@ -262,6 +290,16 @@ struct WireReplyMessage {
 struct WireCallIn {
     id: Option<String>,
     function: WireFunctionIn,
+}
+
+impl WireCallIn {
+    fn assembled(self) -> AssembledCall {
+        AssembledCall {
+            id: self.id,
+            name: self.function.name,
+            arguments: Arguments::from_value(self.function.arguments),
+        }
+    }
 }
 
 #[derive(Deserialize)]

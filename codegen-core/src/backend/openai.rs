@@ -1,4 +1,5 @@
-//! The OpenAI-compatible chat API: `POST {base}/chat/completions`, non-streaming.
+//! The OpenAI-compatible chat API: `POST {base}/chat/completions`, streamed as server-sent
+//! events (see [`super::stream`]) or, where streaming fails, whole.
 //!
 //! One backend for OpenAI, llama.cpp's `llama-server` and `llama-cpp-python`, vLLM, LM Studio
 //! and Ollama's `/v1`. Their differences that matter here: `arguments` arrives as JSON text,
@@ -9,12 +10,12 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::http::HttpClient;
+use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
 use super::{
-    exchange, null_as_empty, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter,
-    MessageCache, Received, Usage, WireReply,
+    Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
+    Usage, Wire, null_as_empty,
 };
-use crate::chat::{Arguments, Message, Role, ToolCall, ToolSpec};
+use crate::chat::{Arguments, Message, Role, ToolSpec};
 
 /// The base URL when neither the configuration nor `OPENAI_BASE_URL` gives one.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -22,14 +23,14 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// A client of one OpenAI-compatible server.
 pub struct OpenAi {
     base: String,
-    url: String,
-    api_key: Option<String>,
+    wire: OpenAiWire,
+    exchange: Exchange,
+}
+
+/// What the requests carry besides the request itself.
+struct OpenAiWire {
     /// The output cap per reply, and the field that carries it.
     output_cap: (OutputCapField, u32),
-    http: HttpClient,
-    ids: IdMinter,
-    /// The history as last sent, encoded.
-    messages: MessageCache,
 }
 
 impl OpenAi {
@@ -44,24 +45,17 @@ impl OpenAi {
             .and_then(non_empty)
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let base = base.trim_end_matches('/').to_string();
-        let config_error = |detail: String| BackendError::Config { backend: BackendKind::OpenAi, url: base.clone(), detail };
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(config_error(
-                "the base URL must start with http:// or https://, e.g. http://127.0.0.1:8080/v1".into(),
-            ));
+            return Err(BackendError::Config {
+                backend: BackendKind::OpenAi,
+                url: base,
+                detail: "the base URL must start with http:// or https://, e.g. http://127.0.0.1:8080/v1".into(),
+            });
         }
         let api_key = config.api_key.clone().or_else(|| std::env::var("OPENAI_API_KEY").ok()).and_then(non_empty);
-        let http = HttpClient::new(config.http.clone()).map_err(config_error)?;
         let output_cap = (OutputCapField::for_base_url(&base), config.max_output_tokens);
-        Ok(OpenAi {
-            url: format!("{base}/chat/completions"),
-            base,
-            api_key,
-            output_cap,
-            http,
-            ids: IdMinter::default(),
-            messages: MessageCache::default(),
-        })
+        let exchange = Exchange::new(BackendKind::OpenAi, format!("{base}/chat/completions"), api_key, config)?;
+        Ok(OpenAi { base, wire: OpenAiWire { output_cap }, exchange })
     }
 
     /// The base URL, as resolved.
@@ -80,49 +74,108 @@ impl Backend for OpenAi {
     }
 
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
+        self.exchange.chat(&self.wire, request, &mut |_| {})
+    }
+
+    fn chat_observed(
+        &mut self,
+        request: &ChatRequest<'_>,
+        progress: &mut dyn FnMut(&Progress<'_>),
+    ) -> Result<ChatResponse, BackendError> {
+        self.exchange.chat(&self.wire, request, progress)
+    }
+}
+
+impl Wire for OpenAiWire {
+    // OpenAI, llama.cpp and vLLM stream a tool call's arguments as the model writes them.
+    // Ollama's `/v1` does not, and is recognised by its replies (see `Decoder`).
+    const HOLDS_BACK_TOOL_CALLS: bool = false;
+
+    fn head(&self, request: &ChatRequest<'_>, ask: Ask) -> serde_json::Result<String> {
         let has_tools = !request.tools.is_empty();
-        let body = WireRequest {
+        let (field, cap) = self.output_cap;
+        serde_json::to_string(&WireRequest {
             model: request.model,
             tools: request.tools.iter().map(|spec| WireTool { r#type: "function", function: spec }).collect(),
             tool_choice: has_tools.then_some("auto"),
             seed: request.seed,
             temperature: request.temperature,
-            max_tokens: (self.output_cap.0 == OutputCapField::MaxTokens).then_some(self.output_cap.1),
-            max_completion_tokens: (self.output_cap.0 == OutputCapField::MaxCompletionTokens).then_some(self.output_cap.1),
-            stream: false,
-        };
-        let received: Received<WireResponse> = exchange(
-            BackendKind::OpenAi,
-            &self.http,
-            &mut self.messages,
-            &self.url,
-            self.api_key.as_deref(),
-            request.model,
-            &body,
-            request.messages,
-            |m| serde_json::to_string(&WireMessage::from_message(m)),
-        )?;
-        let bad = received.bad("`choices` is empty");
-        let wire = received.wire;
-        let choice = wire.choices.into_iter().next().ok_or(bad)?;
-        let tool_calls = choice
-            .message
-            .tool_calls
-            .into_iter()
-            .map(|call| ToolCall {
-                id: self.ids.keep_or_mint(call.id),
-                name: call.function.name,
-                arguments: Arguments::from_value(call.function.arguments),
-            })
-            .collect();
-        let usage = wire.usage.unwrap_or_default();
-        Ok(ChatResponse {
-            message: Message::assistant(choice.message.content.unwrap_or_default(), tool_calls),
-            usage: Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens },
-            finish_reason: choice.finish_reason,
-            retries: received.retries,
+            max_tokens: (field == OutputCapField::MaxTokens).then_some(cap),
+            max_completion_tokens: (field == OutputCapField::MaxCompletionTokens).then_some(cap),
+            stream: ask != Ask::Whole,
+            stream_options: (ask == Ask::Stream { usage: true }).then_some(StreamOptions { include_usage: true }),
         })
     }
+
+    fn encode(message: &Message) -> serde_json::Result<String> {
+        serde_json::to_string(&WireMessage::from_message(message))
+    }
+
+    fn read_whole(body: &str) -> Result<AssembledReply, Unread> {
+        let mut wire: WireResponse = serde_json::from_str(body).map_err(|e| Unread::Bad(e.to_string()))?;
+        if let Some(error) = wire.error.take() {
+            return Err(Unread::Error(serde_json::json!({ "error": error }).to_string()));
+        }
+        let choice = wire.choices.into_iter().next().ok_or_else(|| Unread::Bad("`choices` is empty".to_string()))?;
+        let usage = wire.usage.unwrap_or_default();
+        Ok(AssembledReply {
+            content: choice.message.content.unwrap_or_default(),
+            tool_calls: choice
+                .message
+                .tool_calls
+                .into_iter()
+                .map(|call| AssembledCall {
+                    id: call.id,
+                    name: call.function.name,
+                    arguments: Arguments::from_value(call.function.arguments),
+                })
+                .collect(),
+            usage: Some(Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens }),
+            finish_reason: choice.finish_reason,
+        })
+    }
+
+    fn decoder() -> stream::Decoder {
+        stream::Decoder::openai()
+    }
+}
+
+/// One `data:` event of a streamed reply (other than `[DONE]`): pieces of the text and of tool
+/// calls in `choices[0].delta`, the finish reason, the token counts (a last chunk with no
+/// choices), or the error that ended the stream.
+pub(crate) fn apply_chunk(assembly: &mut Assembly, data: &str) -> Result<(), StreamError> {
+    let mut chunk: WireChunk = serde_json::from_str(data).map_err(|e| stream::malformed(e, data))?;
+    if let Some(error) = chunk.error.take() {
+        return Err(StreamError::Server { body: serde_json::json!({ "error": error }).to_string() });
+    }
+    if chunk.system_fingerprint.as_ref().and_then(Value::as_str) == Some("fp_ollama") {
+        assembly.holds_back_tool_calls = true;
+    }
+    if let Some(usage) = chunk.usage {
+        assembly.usage(Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens });
+    }
+    // One reply was asked for (no `n`): any other choice is not ours.
+    for choice in chunk.choices.into_iter().filter(|choice| choice.index.unwrap_or(0) == 0) {
+        if let Some(delta) = choice.delta {
+            let text = delta.content.unwrap_or_default();
+            let carried = !text.is_empty() || !delta.tool_calls.is_empty();
+            assembly.text(&text);
+            for call in delta.tool_calls {
+                let (name, arguments) = match call.function {
+                    Some(function) => (function.name, function.arguments),
+                    None => (None, Value::Null),
+                };
+                assembly.call_fragment(call.index, call.id, name, arguments);
+            }
+            if carried {
+                assembly.piece();
+            }
+        }
+        if let Some(reason) = choice.finish_reason {
+            assembly.finish_reason(reason);
+        }
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -142,6 +195,15 @@ struct WireRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     max_completion_tokens: Option<u32>,
     stream: bool,
+    /// Asks a stream for its token counts (a last chunk with `usage`), which a whole reply
+    /// always carries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize, PartialEq)]
+struct StreamOptions {
+    include_usage: bool,
 }
 
 /// Which request field carries the output cap.
@@ -228,12 +290,6 @@ struct WireResponse {
     error: Option<Value>,
 }
 
-impl WireReply for WireResponse {
-    fn take_error(&mut self) -> Option<Value> {
-        self.error.take()
-    }
-}
-
 #[derive(Deserialize)]
 struct WireChoice {
     message: WireReplyMessage,
@@ -257,6 +313,46 @@ struct WireCallIn {
 struct WireFunctionIn {
     name: String,
     /// JSON text, `""`, or (some llama.cpp builds) an object: all read by `Arguments::from_value`.
+    #[serde(default)]
+    arguments: Value,
+}
+
+/// One chunk of a streamed reply.
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default, deserialize_with = "null_as_empty")]
+    choices: Vec<WireChunkChoice>,
+    usage: Option<WireUsage>,
+    system_fingerprint: Option<Value>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireChunkChoice {
+    index: Option<u64>,
+    delta: Option<WireDelta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireDelta {
+    content: Option<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    tool_calls: Vec<WireCallDelta>,
+}
+
+/// A fragment of a tool call: `index` says which call; `id` and `name` come in its first
+/// fragment, `arguments` text in pieces.
+#[derive(Deserialize)]
+struct WireCallDelta {
+    index: Option<u64>,
+    id: Option<String>,
+    function: Option<WireFunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct WireFunctionDelta {
+    name: Option<String>,
     #[serde(default)]
     arguments: Value,
 }

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Backend, BackendError, BackendKind, ChatRequest, ChatResponse, IdMinter, Usage};
+use super::{Backend, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, IdMinter, Usage};
 use crate::chat::{Arguments, Message, ToolCall};
 
 /// A backend that answers from a script of canned turns.
@@ -134,6 +134,7 @@ impl Backend for Scripted {
             usage: Usage::default(),
             finish_reason: Some("scripted".into()),
             retries: Vec::new(),
+            delivery: Delivery::Whole,
         })
     }
 }
