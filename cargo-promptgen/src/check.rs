@@ -227,7 +227,7 @@ impl Check for CrateCheck {
         // The tree the crate sees: the other steps as recorded, this step's candidate over them.
         let mut tree = self.mounted.clone();
         for path in walk_files(output_root) {
-            let bytes = codegen_core::fs::read(&output_root.join(&path)).map_err(|e| error(e.to_string()))?;
+            let bytes = codegen_core::__private::fs::read(&output_root.join(&path)).map_err(|e| error(e.to_string()))?;
             tree.insert(path, bytes);
         }
         sync_dir(&self.tree_dir, &tree).map_err(|e| error(crate::error::report(&e)))?;

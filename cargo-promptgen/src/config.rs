@@ -445,7 +445,7 @@ impl Chain {
         config.num_ctx = self.num_ctx;
         config.max_output_tokens = self.max_output_tokens;
         config.script = step.script.clone();
-        config.http = HttpConfig { request_timeout: self.request_timeout, ..HttpConfig::default() };
+        config.http.request_timeout = self.request_timeout;
         config
     }
 

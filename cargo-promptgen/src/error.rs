@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use codegen_core::backend::BackendError;
-use codegen_core::fs::FsError;
+use codegen_core::FsError;
 use codegen_core::sandbox::SandboxError;
 
 use crate::config::ConfigError;

@@ -252,8 +252,8 @@ pub fn the_rest_of_the_chain(chain: &Chain, index: usize, recorded: &BTreeMap<St
 /// part when it ran (its tests needed a module a later step wrote).
 fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files) -> Result<(), Error> {
     let work = layout.work_dir();
-    codegen_core::fs::create_dir_all(&work)?;
-    let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-full-", step.id))?;
+    codegen_core::__private::fs::create_dir_all(&work)?;
+    let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-full-", step.id))?;
     let root = scratch.path().join("tree");
     sync_dir(&root, tree)?;
     let setup = CheckSetup {
@@ -288,11 +288,11 @@ fn run_step(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ran, Error> {
     let work = layout.work_dir();
-    codegen_core::fs::create_dir_all(&work)?;
+    codegen_core::__private::fs::create_dir_all(&work)?;
     let mut backend =
         chain.backend_config(step).open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
-    let prompt = codegen_core::fs::read_to_string(&step.prompt)?;
-    let system_prompt = step.system_prompt.as_deref().map(codegen_core::fs::read_to_string).transpose()?;
+    let prompt = codegen_core::__private::fs::read_to_string(&step.prompt)?;
+    let system_prompt = step.system_prompt.as_deref().map(codegen_core::__private::fs::read_to_string).transpose()?;
 
     let mut transcripts = String::new();
     let runs = step.seed_retries + 1;
@@ -300,7 +300,7 @@ fn run_step(
     loop {
         // The first run uses the configured seed (or none); each retry the next one.
         let seed = if run == 1 { step.seed } else { Some(step.seed.unwrap_or(0) + u64::from(run - 1)) };
-        let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
+        let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
         let output_root = scratch.path().join("tree");
         sync_dir(&output_root, tree)?;
         let mut sandbox = sandbox_for(chain, step, &output_root)
@@ -360,7 +360,7 @@ fn run_step(
 
         let mut files = Files::new();
         for path in &output.written {
-            let bytes = codegen_core::fs::read(&output_root.join(path))?;
+            let bytes = codegen_core::__private::fs::read(&output_root.join(path))?;
             files.insert(path.clone(), bytes);
         }
         let put_off = output.transcript.events.iter().rev().find_map(|e| match e {
@@ -453,10 +453,10 @@ fn forget_removed_steps(chain: &Chain, layout: &Layout, lock: &mut Lock) -> Resu
     lock.write(&layout.lock_path())?;
     let store = layout.store();
     for id in &removed {
-        codegen_core::fs::remove_dir_all(&store.step_dir(id))?;
+        codegen_core::__private::fs::remove_dir_all(&store.step_dir(id))?;
         let transcript = store.transcript_path(id);
         if transcript.exists() {
-            codegen_core::fs::remove_file(&transcript)?;
+            codegen_core::__private::fs::remove_file(&transcript)?;
         }
     }
     Ok(removed)
@@ -464,5 +464,5 @@ fn forget_removed_steps(chain: &Chain, layout: &Layout, lock: &mut Lock) -> Resu
 
 /// Removes the pending area of the package.
 pub fn discard_pending(layout: &Layout) -> Result<(), Error> {
-    Ok(codegen_core::fs::remove_dir_all(&layout.pending_dir())?)
+    Ok(codegen_core::__private::fs::remove_dir_all(&layout.pending_dir())?)
 }

@@ -97,7 +97,7 @@ mod report;
 mod store;
 
 pub use build_script::{BuildReport, Builder, build};
-pub use codegen_core::fs::FsError;
+pub use codegen_core::FsError;
 pub use config::{ConfigError, Location};
 pub use error::{Error, StaleStep};
 

@@ -84,7 +84,7 @@ pub struct Fingerprint {
     /// Hash of the system prompt text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<String>,
-    /// Hash of the loop's instructions and tool definitions (see `codegen_core::run::contract`).
+    /// Hash of the loop's instructions and tool definitions (see `codegen_core::__private::run::contract`).
     pub contract: String,
     /// The check the output must pass (`rustc`, a command), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,7 +143,7 @@ impl Lock {
         if !path.exists() {
             return Ok(Lock::default());
         }
-        let text = codegen_core::fs::read_to_string(path)?;
+        let text = codegen_core::__private::fs::read_to_string(path)?;
         let lock: Lock = toml::from_str(&text)
             .map_err(|e| Error::DamagedLock { path: path.to_owned(), detail: e.to_string() })?;
         if lock.version != LOCK_VERSION {
@@ -163,7 +163,7 @@ impl Lock {
 
     /// Writes the lock atomically, and only if its bytes changed.
     pub fn write(&self, path: &Path) -> Result<(), Error> {
-        codegen_core::fs::write_if_changed(path, self.to_text().as_bytes())?;
+        codegen_core::__private::fs::write_if_changed(path, self.to_text().as_bytes())?;
         Ok(())
     }
 

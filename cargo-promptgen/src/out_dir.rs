@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use codegen_core::fs::{self, FsError};
+use codegen_core::__private::fs::{self, FsError};
 
 use crate::error::Error;
 use crate::store::Files;

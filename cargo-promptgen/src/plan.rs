@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use codegen_core::fs;
+use codegen_core::__private::fs;
 
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::{Error, StaleStep};
@@ -266,7 +266,7 @@ fn fingerprint_with(
 
 /// The hash of what the loop tells a model under `protocol`, with or without a check.
 fn contract_hash(protocol: codegen_core::ToolProtocol, with_check: bool) -> String {
-    sha256_hex(codegen_core::run::contract(protocol, with_check).as_bytes())
+    sha256_hex(codegen_core::__private::run::contract(protocol, with_check).as_bytes())
 }
 
 /// The protocol a fingerprint names.

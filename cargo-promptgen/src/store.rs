@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use codegen_core::fs;
+use codegen_core::__private::fs;
 
 use crate::error::Error;
 use crate::layout::Store;

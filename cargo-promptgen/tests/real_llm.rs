@@ -179,7 +179,7 @@ fn the_tools_are_rendered_into_the_prompt_the_model_sees() {
     let _watch = ServerWatch;
     let mut backend = backend(&server_url());
     let messages = [Message::system("You work through tools."), Message::user("Say hello.")];
-    let specs = codegen_core::tools::specs_for(false);
+    let specs = codegen_core::__private::tools::specs_for(false);
     let mut ask = |tools: &[codegen_core::chat::ToolSpec]| {
         let request = ChatRequest { model: "smollm2", messages: &messages, tools, seed: Some(1), temperature: Some(0.0) };
         backend.chat(&request).unwrap_or_else(|e| panic!("{e}")).usage.prompt_tokens.unwrap_or(0)
@@ -199,7 +199,7 @@ fn the_tools_are_rendered_into_the_prompt_the_model_sees() {
 fn a_real_tool_call_round_trips_through_the_backend() {
     let _watch = ServerWatch;
     let mut backend = backend(&server_url());
-    let specs = codegen_core::tools::specs_for(false);
+    let specs = codegen_core::__private::tools::specs_for(false);
     let mut messages = vec![
         Message::system("You work on a project through tools."),
         Message::user("Save the text hello world to hello.txt."),

@@ -168,14 +168,38 @@
 pub mod backend;
 pub mod chat;
 pub mod check;
-pub mod fs;
-pub mod protocol;
-pub mod report;
-pub mod run;
+mod fs;
+mod protocol;
+mod report;
+mod run;
 pub mod sandbox;
-pub mod tools;
+mod tools;
 pub mod transcript;
 
+pub use fs::FsError;
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;
 pub use run::{Error, Observer, Step, StepFailure, StepOutput, run_prompt};
+
+/// Not API. `cargo-promptgen`, the benchmarks and the tests use these internals (the file
+/// operations, the parsers of model text, the tool definitions, the stream decoder); anything
+/// in it may change or go in any release.
+#[doc(hidden)]
+pub mod __private {
+    #![allow(missing_docs)]
+    pub mod fs {
+        pub use crate::fs::*;
+    }
+    pub mod protocol {
+        pub use crate::protocol::{blocks, text};
+    }
+    pub mod run {
+        pub use crate::run::contract;
+    }
+    pub mod tools {
+        pub use crate::tools::*;
+    }
+    pub mod stream {
+        pub use crate::backend::stream::*;
+    }
+}

@@ -154,7 +154,7 @@ impl Step {
 ///
 /// ```
 /// # use codegen_core::transcript::Event;
-/// # use codegen_core::run::Observer;
+/// # use codegen_core::Observer;
 /// fn takes(_: &mut dyn Observer) {}
 /// takes(&mut |event: &Event| println!("{event:?}"));
 /// ```
@@ -215,6 +215,7 @@ pub fn contract(protocol: ToolProtocol, with_check: bool) -> String {
 
 /// A step that completed.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct StepOutput {
     /// Whether the model called `finish` or simply stopped calling tools.
     pub end: EndOutcome,

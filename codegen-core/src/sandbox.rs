@@ -197,6 +197,7 @@ pub struct Sandbox {
 
 /// What [`Sandbox::write_file`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WriteOutcome {
     /// The normalised virtual path written.
     pub path: String,
@@ -226,6 +227,7 @@ impl std::error::Error for Refusal {}
 
 /// A sandbox that cannot be set up. These are the user's problems, not the model's.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SandboxError {
     /// Creating or resolving the output root or an input failed.
     #[error(transparent)]
@@ -841,6 +843,7 @@ fn is_regular_file(path: &Path) -> bool {
 /// any other link (one that leads elsewhere, to nothing, or to a folder that holds it) is an
 /// error naming the link and its target. Tools that hash what a model can read use this, so
 /// that they agree with the sandbox.
+#[doc(hidden)]
 pub fn input_files(folder: &Path, links_within: Option<&Path>) -> Result<Vec<(String, PathBuf)>, SandboxError> {
     let root = cfs::canonicalize(folder)?;
     let bound = links_within.map(cfs::canonicalize).transpose()?;
@@ -1109,6 +1112,7 @@ fn fold(comp: &str) -> String {
 /// slashes), whatever root it lies under: `.env*`, `.git/`, `target/`, `*.pem`, `id_*`,
 /// `.cargo/credentials*`. Other tools that walk what a model can read (to hash it, say) use
 /// this to agree with the sandbox.
+#[doc(hidden)]
 pub fn is_protected(relative_path: &str) -> bool {
     let comps: Vec<&str> = relative_path.split('/').filter(|c| !c.is_empty()).collect();
     protected_reason(&comps, true).is_some()

@@ -26,6 +26,7 @@ pub struct Transcript {
 /// One thing that happened during a step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Event {
     /// The step began.
     Start {
@@ -124,6 +125,7 @@ pub enum Event {
 /// How a tool call reached us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CallSource {
     /// The protocol's `tool_calls` field.
     Native,
@@ -136,6 +138,7 @@ pub enum CallSource {
 /// How a step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum EndOutcome {
     /// The model called `finish` and every declared output existed.
     Finished,
@@ -147,6 +150,7 @@ pub enum EndOutcome {
 
 /// The run-dependent part of [`Event::Start`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct StartVolatile {
     /// Where the backend is.
     pub location: String,
@@ -154,6 +158,7 @@ pub struct StartVolatile {
 
 /// The run-dependent part of [`Event::ModelCall`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct CallVolatile {
     /// Time from sending the request to having the whole reply, retries included.
     #[serde(with = "crate::backend::http::duration_ms", rename = "duration_ms")]
@@ -167,6 +172,7 @@ pub struct CallVolatile {
 
 /// The run-dependent part of [`Event::End`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct EndVolatile {
     /// Wall time of the step.
     #[serde(with = "crate::backend::http::duration_ms", rename = "wall_ms")]
@@ -184,6 +190,7 @@ pub enum Volatility {
 
 /// Sums over a transcript.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Totals {
     /// Model calls made (each counts against `max_model_calls`).
     pub model_calls: u32,

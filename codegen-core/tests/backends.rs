@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, HttpConfig, RetryPolicy};
 use codegen_core::chat::{Arguments, Message, ToolCall};
-use codegen_core::tools::tool_specs;
+use codegen_core::__private::tools::tool_specs;
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
 use serde_json::{Value, json};
 

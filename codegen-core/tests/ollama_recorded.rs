@@ -7,7 +7,7 @@ use std::time::Duration;
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, RetryPolicy};
 use codegen_core::chat::{Arguments, Message};
 use codegen_core::sandbox::Sandbox;
-use codegen_core::tools::tool_specs;
+use codegen_core::__private::tools::tool_specs;
 use codegen_core::transcript::{CallSource, Event};
 use codegen_core::Step;
 use promptgen_tests::{FakeLlm, Reply, Turn};

@@ -2,8 +2,8 @@
 //! render (or a JSON serialiser writes) reads back exactly.
 
 use codegen_core::chat::Arguments;
-use codegen_core::protocol::blocks::{BlockCommand, parse_blocks, render_refusal, render_result};
-use codegen_core::protocol::text::{TextCall, TextCalls, calls_in_text};
+use codegen_core::__private::protocol::blocks::{BlockCommand, parse_blocks, render_refusal, render_result};
+use codegen_core::__private::protocol::text::{TextCall, TextCalls, calls_in_text};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use codegen_core::sandbox::{Limits, Refusal, Sandbox, SandboxError, WriteOutcome, input_files};
+use codegen_core::sandbox::{Limits, Refusal, Sandbox, SandboxError, input_files};
 
 /// A project with inputs in `pkg/` and an empty output root `out/`.
 struct Fixture {
@@ -184,7 +184,7 @@ fn writes_normalise_create_folders_report_changes_and_leave_no_temporary_files()
     let f = fixture();
     let mut sandbox = Sandbox::builder(&f.out).build().unwrap();
     let outcome = sandbox.write_file("./gen//deep/a.rs/", "fn a() {}").unwrap();
-    assert_eq!(outcome, WriteOutcome { path: "gen/deep/a.rs".into(), bytes: 9, changed: true });
+    assert_eq!((outcome.path.as_str(), outcome.bytes, outcome.changed), ("gen/deep/a.rs", 9, true));
     assert_eq!(fs::read_to_string(f.out.join("gen/deep/a.rs")).unwrap(), "fn a() {}");
     let again = sandbox.write_file("gen/deep/a.rs", "fn a() {}").unwrap();
     assert!(!again.changed);

@@ -3,7 +3,7 @@
 //! rendered from a reply decodes to that reply.
 
 use codegen_core::backend::Usage;
-use codegen_core::backend::stream::{AssembledCall, AssembledReply, Decoder, StreamError};
+use codegen_core::__private::stream::{AssembledCall, AssembledReply, Decoder, StreamError};
 use codegen_core::chat::Arguments;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};

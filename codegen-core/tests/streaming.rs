@@ -10,7 +10,7 @@ use codegen_core::backend::{
 };
 use codegen_core::chat::{Arguments, Message};
 use codegen_core::sandbox::Sandbox;
-use codegen_core::tools::tool_specs;
+use codegen_core::__private::tools::tool_specs;
 use codegen_core::transcript::{Event, Volatility};
 use codegen_core::{Observer, Step, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};

@@ -110,6 +110,7 @@ impl RetryPolicy {
 
 /// One retry that happened: why, and how long we waited before it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct RetryRecord {
     /// The attempt that failed (1-based).
     pub attempt: u32,

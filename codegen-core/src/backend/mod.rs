@@ -10,17 +10,17 @@
 //! protocol-neutral [`Message`]s of [`crate::chat`].
 //!
 //! The HTTP backends ask for streamed replies ([`BackendConfig::stream`]) and put each one
-//! together from its pieces ([`stream`]), so that [`Backend::chat_observed`] can show it as it
+//! together from its pieces (`stream.rs`), so that [`Backend::chat_observed`] can show it as it
 //! arrives and a stalled server is noticed within [`HttpConfig::idle_timeout`]. The
 //! [`ChatResponse`] is the one the same reply asked for whole gives, so nothing recorded
 //! depends on whether it streamed. A server that cannot stream a request is asked again
 //! without streaming (see [`Delivery`]), and is not asked to stream such requests again.
 
-pub mod http;
+pub(crate) mod http;
 pub mod ollama;
 pub mod openai;
 pub mod scripted;
-pub mod stream;
+pub(crate) mod stream;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -109,6 +109,7 @@ pub struct ChatResponse {
 /// How a reply arrived.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Delivery {
     /// Streamed, piece by piece.
     Streamed,
@@ -124,6 +125,7 @@ pub enum Delivery {
 /// [`Backend::chat_observed`]). For progress displays only: never recorded, since the same
 /// reply may arrive in other pieces another time.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Progress<'a> {
     /// Pieces of the reply received so far: server-sent events or NDJSON lines that carried
     /// some of it. Servers send about one token per piece, except that Ollama sends each tool
@@ -174,6 +176,7 @@ pub trait Backend {
 
 /// Everything needed to open any backend, e.g. from a configuration file.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BackendConfig {
     /// Which backend.
     pub kind: BackendKind,

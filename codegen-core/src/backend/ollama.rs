@@ -1,4 +1,4 @@
-//! Ollama's native chat API: `POST {host}/api/chat`, streamed as NDJSON (see [`super::stream`])
+//! Ollama's native chat API: `POST {host}/api/chat`, streamed as NDJSON (see `stream.rs`)
 //! or, where streaming fails, whole.
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! The OpenAI-compatible chat API: `POST {base}/chat/completions`, streamed as server-sent
-//! events (see [`super::stream`]) or, where streaming fails, whole.
+//! events (see `stream.rs`) or, where streaming fails, whole.
 //!
 //! One backend for OpenAI, llama.cpp's `llama-server` and `llama-cpp-python`, vLLM, LM Studio
 //! and Ollama's `/v1`. Their differences that matter here: `arguments` arrives as JSON text,

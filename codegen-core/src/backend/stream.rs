@@ -91,7 +91,7 @@ enum Framing {
 /// Turns a streamed body, fed in pieces of any size, into the reply it carries.
 ///
 /// ```
-/// use codegen_core::backend::stream::Decoder;
+/// use codegen_core::__private::stream::Decoder;
 ///
 /// let mut decoder = Decoder::openai();
 /// for piece in ["data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\nda", "ta: {\"choices\":[{\"delta\":{\"content\":\"lo\"},",
