@@ -220,7 +220,7 @@ fn package(steps: usize) -> Package {
     write("Cargo.toml", manifest.as_bytes());
 
     let chain = config::load(&root.join("Cargo.toml"), &Overrides::default(), &|_| None).unwrap();
-    let layout = Layout::new(&chain.package_dir, &chain.package_name, &root.join("target"));
+    let layout = Layout::new(&chain, &root.join("target"));
     let store = layout.store();
     let mut lock = Lock::default();
     let mut previous = None;
@@ -631,7 +631,7 @@ fn bytes_to_the_model() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-app/Cargo.toml");
     let chain = config::load(&manifest, &Overrides::default(), &|_| None).unwrap();
     let target = tempfile::tempdir().unwrap();
-    let layout = Layout::new(&chain.package_dir, &chain.package_name, target.path());
+    let layout = Layout::new(&chain, target.path());
     let records = Records::read(&layout).unwrap();
     let assessed = plan::plan(&chain, &records).unwrap();
     for as_text in [false, true] {
