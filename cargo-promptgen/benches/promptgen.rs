@@ -14,7 +14,10 @@
 //! steps), `loop` (one model call of our loop against a bare reqwest
 //! round trip carrying the same bytes, to the fake server), `bytes` (prompt bytes the example
 //! chain sends against the minimum), `check` (`cargo promptgen check` on 500 steps against
-//! `cargo metadata` alone). The cold build of a user crate is `scripts/cold-build.sh`.
+//! `cargo metadata` alone), `cache` (with `store = "cache"`: `cargo promptgen pull` of a 50-step
+//! chain from a loopback S3 server into an empty cache, then the build from the cache, against
+//! the same build from the repo store; it needs the server of `bash scripts/s3-cache.sh bench`,
+//! and is skipped without it). The cold build of a user crate is `scripts/cold-build.sh`.
 //!
 //! The machines this runs on are shared and noisy, so every figure is a ratio of two things
 //! measured in the same run, interleaved: each repetition runs both sides (alternating which
@@ -148,6 +151,9 @@ fn main() {
     if wanted("check") {
         check_speed();
     }
+    if wanted("cache") {
+        cache_pull_and_build();
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -220,7 +226,7 @@ fn package(steps: usize) -> Package {
     write("Cargo.toml", manifest.as_bytes());
 
     let chain = config::load(&root.join("Cargo.toml"), &Overrides::default(), &|_| None).unwrap();
-    let layout = Layout::new(&chain.package_dir, &chain.package_name, &root.join("target"));
+    let layout = Layout::new(&chain, &root.join("target"));
     let store = layout.store();
     let mut lock = Lock::default();
     let mut previous = None;
@@ -639,7 +645,7 @@ fn bytes_to_the_model() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-app/Cargo.toml");
     let chain = config::load(&manifest, &Overrides::default(), &|_| None).unwrap();
     let target = tempfile::tempdir().unwrap();
-    let layout = Layout::new(&chain.package_dir, &chain.package_name, target.path());
+    let layout = Layout::new(&chain, target.path());
     let records = Records::read(&layout).unwrap();
     let assessed = plan::plan(&chain, &records).unwrap();
     for as_text in [false, true] {
@@ -784,4 +790,112 @@ fn check_speed() {
     let records = Records::read(&package.layout).unwrap();
     assert_eq!(records.lock.steps.len(), package.chain.steps.len());
     println!();
+}
+
+// ------------------------------------------------------------------------------------------
+// 6. The cache: pull from S3, then build, against the repo store's build.
+// ------------------------------------------------------------------------------------------
+
+fn cache_pull_and_build() {
+    use cargo_promptgen::__private::cache::{Cache, CacheUrl};
+    use cargo_promptgen::__private::remote::Remote;
+    use cargo_promptgen::__private::sync;
+
+    const STEPS: usize = 50;
+    println!(
+        "== 6. store = \"cache\", {STEPS} steps x {FILES_PER_STEP} files x {} KB: `pull` from a loopback S3 server into an \
+         empty cache, then the build into an empty OUT_DIR  vs  the same build from the repo store\n",
+        FILE_BYTES / 1024
+    );
+    let var = |name: &str| std::env::var(name).ok();
+    let (Some(endpoint), Some(bucket), Some(key_id), Some(secret)) = (
+        var("PROMPTGEN_S3_ENDPOINT"),
+        var("PROMPTGEN_S3_BUCKET"),
+        var("PROMPTGEN_S3_KEY_ID"),
+        var("PROMPTGEN_S3_SECRET"),
+    ) else {
+        println!("   skipped: no S3 server (run `bash scripts/s3-cache.sh bench`)\n");
+        return;
+    };
+    let repo = package(STEPS);
+    // The cache-mode twin: the same manifest with `store = "cache"` and a cache_url, the same
+    // lock, no promptgen/ folder.
+    let twin_dir = tempfile::Builder::new().prefix("promptgen-bench-cache-").tempdir().unwrap();
+    let twin = twin_dir.path().join("pkg");
+    copy_tree(&repo.root.join("prompts"), &twin.join("prompts"));
+    copy_tree(&repo.root.join("src"), &twin.join("src"));
+    std::fs::copy(repo.layout.lock_path(), twin.join("promptgen.lock")).unwrap();
+    let prefix = format!("bench-{}", std::process::id());
+    let url = format!("s3://{bucket}/{prefix}");
+    let manifest = std::fs::read_to_string(repo.root.join("Cargo.toml")).unwrap();
+    let manifest = config::with_store(&manifest, config::StoreMode::Cache).unwrap();
+    let manifest = manifest.replace("store = \"cache\"\n", &format!("store = \"cache\"\ncache_url = \"{url}\"\n"));
+    std::fs::write(twin.join("Cargo.toml"), manifest).unwrap();
+    let cache_dir = twin_dir.path().join("cache");
+    // SAFETY: set once, before this group starts any thread; the build entry reads it.
+    unsafe { std::env::set_var("PROMPTGEN_CACHE_DIR", &cache_dir) };
+
+    // Upload the files once, through the library's own push.
+    let env = |name: &str| match name {
+        "AWS_ENDPOINT_URL" => Some(endpoint.clone()),
+        "AWS_ACCESS_KEY_ID" => Some(key_id.clone()),
+        "AWS_SECRET_ACCESS_KEY" => Some(secret.clone()),
+        "AWS_REGION" => Some("us-east-1".to_string()),
+        "AWS_CONFIG_FILE" | "AWS_SHARED_CREDENTIALS_FILE" => Some("/nonexistent/aws".to_string()),
+        _ => None,
+    };
+    let remote = Remote::open(&CacheUrl::parse(&url).unwrap(), &env).unwrap();
+    let lock = Lock::read(&repo.layout.lock_path()).unwrap();
+    let cache = Cache::new(&cache_dir);
+    for entry in &lock.steps {
+        for (path, bytes) in repo.layout.store().load(entry).unwrap() {
+            let sha = &entry.files.iter().find(|f| f.path == path).unwrap().sha256;
+            cache.put(sha, &bytes).unwrap();
+        }
+    }
+    let pushed = sync::push(&lock, &cache, &remote, "bench").unwrap();
+    assert_eq!(pushed.objects, STEPS * FILES_PER_STEP);
+
+    let outs = tempfile::tempdir().unwrap();
+    let made = std::cell::Cell::new(0);
+    let fresh_out = || {
+        made.set(made.get() + 1);
+        outs.path().join(format!("out-{}", made.get()))
+    };
+    let twin_package = package_at(twin.clone(), repo.chain.clone(), repo.layout.clone(), STEPS);
+    let mut pulls = Vec::new();
+    let mut builds = Vec::new();
+    let paired = Paired::run(
+        reps(7),
+        || {
+            std::fs::remove_dir_all(&cache_dir).unwrap();
+            let started = Instant::now();
+            let pulled = sync::pull(&lock, &cache, &remote, "bench").unwrap();
+            let pulled_at = started.elapsed();
+            assert_eq!(pulled.moved, STEPS * FILES_PER_STEP);
+            let report = build_into(&twin_package, &fresh_out());
+            let total = started.elapsed();
+            assert_eq!(report.files_written, STEPS * FILES_PER_STEP);
+            pulls.push(pulled_at.as_secs_f64());
+            builds.push((total - pulled_at).as_secs_f64());
+            total
+        },
+        || {
+            let started = Instant::now();
+            let report = build_into(&repo, &fresh_out());
+            let elapsed = started.elapsed();
+            assert_eq!(report.files_written, STEPS * FILES_PER_STEP);
+            elapsed
+        },
+    );
+    // The warm-up's pull and build are not part of the figures.
+    let (pulls, builds) = (&pulls[1..], &builds[1..]);
+    let base = &paired.base;
+    let build_ratio: Vec<f64> = builds.iter().zip(base).map(|(b, r)| b / r).collect();
+    println!("   pull + build from the cache {}", paired.ours().time());
+    println!("     of which pull           {}", Spread::of(pulls).time());
+    println!("     of which build          {}", Spread::of(builds).time());
+    println!("   build from the repo store   {}", paired.base().time());
+    println!("   ratio (pull + build) / repo build   {}", paired.ratios().ratio());
+    println!("   ratio build from cache / repo build {}\n", Spread::of(&build_ratio).ratio());
 }

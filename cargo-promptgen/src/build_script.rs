@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{self, Chain, Overrides};
+use crate::cache::MissingFile;
+use crate::config::{self, Chain, Overrides, StoreMode};
 use crate::error::Error;
 use crate::generate::{bring_up_to_date, Destination, Progress};
 use crate::layout::{target_dir_from_out_dir, Layout};
@@ -109,7 +110,7 @@ impl Builder {
             Some(dir) => dir.clone(),
             None => target_dir_from_out_dir(&out_dir).unwrap_or_else(|| out_dir.join("promptgen-target")),
         };
-        let layout = Layout::new(&chain.package_dir, &chain.package_name, &target_dir);
+        let layout = Layout::new(&chain, &target_dir);
         let _guard = ProcessLock::acquire(&layout)?;
 
         let mut records = Records::read(&layout)?;
@@ -120,6 +121,17 @@ impl Builder {
             records.pending = None;
         }
         let mut assessed = plan(&chain, &records)?;
+        // With `store = "cache"`, files the lock records and this machine lacks are fetched,
+        // never made again: regenerating them would change the lock. Online or not.
+        let missing: Vec<MissingFile> = assessed.iter().flat_map(|a| a.missing.iter().cloned()).collect();
+        if !missing.is_empty() {
+            return Err(Error::NotInCache {
+                package: chain.package_name.clone(),
+                cache_dir: layout.cache()?.dir,
+                remote: chain.cache_url.as_ref().map(ToString::to_string),
+                missing,
+            });
+        }
         let stale = stale_steps(&assessed);
         let (tree, regenerated, pending) = if stale.is_empty() {
             let pending: Vec<String> =
@@ -241,7 +253,11 @@ fn emit_rerun_directives(chain: &Chain) {
     let lock = chain.package_dir.join(crate::lock::LOCK_FILE);
     let store = chain.package_dir.join(crate::layout::STORE_DIR);
     paths.push(&lock);
-    paths.push(&store);
+    // In cache mode the files come from the cache, named by the lock's hashes: the lock is
+    // what changes. (A path that does not exist would make Cargo run this script every time.)
+    if chain.store == StoreMode::Repo {
+        paths.push(&store);
+    }
     for step in &chain.steps {
         paths.push(&step.prompt);
         paths.extend(step.system_prompt.as_deref());

@@ -29,6 +29,9 @@
 //! check_rounds = 3                      # optional integer >= 0 (default Step::DEFAULT_CHECK_ROUNDS)
 //! seed_retries = 0                      # optional integer >= 0: run a failed step again with
 //!                                       # the next seed, up to this many times
+//! store = "repo"                        # "repo" (default): files in promptgen/ | "cache": files in
+//!                                       # the content-addressed cache, the lock alone committed
+//! cache_url = "s3://bucket/prefix"      # optional: the cache's shared S3 remote (push, pull)
 //!
 //! [[package.metadata.promptgen.steps]]
 //! id = "01"                             # required, unique, [A-Za-z0-9_-]+
@@ -39,6 +42,10 @@
 //! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
 //! # system_prompt, check, check_rounds, seed_retries
 //! ```
+//!
+//! `store` and `cache_url` never change a step's key: switching stores leaves the lock as it
+//! is. The cache folder is `PROMPTGEN_CACHE_DIR` (an absolute path), else the user's cache
+//! folder (see [`crate::cache::default_dir`]); `store = "cache"` without either is an error.
 //!
 //! `[workspace.metadata.promptgen]` may set every chain-level key except `steps`; its file
 //! paths are relative to the workspace root. That root is the one cargo finds: the package's
@@ -96,6 +103,8 @@ use codegen_core::ToolProtocol;
 use codegen_core::backend::ollama::{self, parse_host};
 use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, openai};
 use codegen_core::sandbox::{SandboxError, input_files};
+
+use crate::cache::{CACHE_DIR_VAR, CacheUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
@@ -103,8 +112,19 @@ use toml::de::{DeTable, DeValue};
 
 /// The names of every environment variable `load` reads (for build scripts'
 /// `cargo:rerun-if-env-changed`).
-pub const ENV_VARS: &[&str] =
-    &["PROMPTGEN_BACKEND", "PROMPTGEN_MODEL", "PROMPTGEN_BASE_URL", "OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY"];
+pub const ENV_VARS: &[&str] = &[
+    "PROMPTGEN_BACKEND",
+    "PROMPTGEN_MODEL",
+    "PROMPTGEN_BASE_URL",
+    "OLLAMA_HOST",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+    // Where the cache is (see `crate::cache::DIR_VARS`).
+    "PROMPTGEN_CACHE_DIR",
+    "XDG_CACHE_HOME",
+    "HOME",
+    "LOCALAPPDATA",
+];
 
 const PACKAGE_PREFIX: &str = "package.metadata.promptgen";
 const WORKSPACE_PREFIX: &str = "workspace.metadata.promptgen";
@@ -176,6 +196,35 @@ macro_rules! with_shared_keys {
 const TEMPERATURE_EXPECTED: &str = "a number from 0 to 2 (e.g. 0.0)";
 const CHECK_EXPECTED: &str =
     "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings (e.g. [\"make\", \"lint\"])";
+const CACHE_URL_EXPECTED: &str = "an S3 URL such as \"s3://my-bucket/promptgen\" (a bucket of 3 to 63 lower-case letters, \
+     digits, dots and hyphens, and an optional key prefix)";
+
+/// Where the outputs the lock records are kept: `store = "repo" | "cache"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreMode {
+    /// In the package's `promptgen/` folder, committed beside the lock.
+    #[default]
+    Repo,
+    /// In the content-addressed cache ([`crate::cache`]); only the lock is committed.
+    Cache,
+}
+
+impl StoreMode {
+    /// The mode as the manifest spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreMode::Repo => "repo",
+            StoreMode::Cache => "cache",
+        }
+    }
+}
+
+impl fmt::Display for StoreMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 with_shared_keys! {
     /// `[package.metadata.promptgen]` and `[workspace.metadata.promptgen]` (where `steps` is an
@@ -192,6 +241,10 @@ with_shared_keys! {
         max_output_tokens: NonZeroU32 => "a positive integer number of tokens per model reply (e.g. 4096)",
         /// Time allowed for one model request.
         request_timeout_secs: NonZeroU64 => "a positive number of seconds (e.g. 600)",
+        /// Where the outputs the lock records are kept.
+        store: StoreMode => one_of::<StoreMode>(),
+        /// The cache's shared S3 remote.
+        cache_url: String => CACHE_URL_EXPECTED,
         /// The chain's steps.
         steps: Vec<Spanned<StepTable>> => "an array of tables (`[[package.metadata.promptgen.steps]]`)",
     }
@@ -433,6 +486,13 @@ pub struct Chain {
     /// The steps, sorted by id in plain string (byte) order: `"01" < "02" < "10" < "a"`, so
     /// zero-padded numeric ids run in numeric order.
     pub steps: Vec<StepConfig>,
+    /// Where the outputs the lock records are kept (`store`, default [`StoreMode::Repo`]).
+    pub store: StoreMode,
+    /// The cache folder the environment names ([`crate::cache::default_dir`]); always set
+    /// when [`Chain::store`] is [`StoreMode::Cache`].
+    pub cache_dir: Option<PathBuf>,
+    /// The cache's shared remote (`cache_url`), in either mode.
+    pub cache_url: Option<CacheUrl>,
 }
 
 impl Chain {
@@ -829,6 +889,16 @@ pub enum ConfigError {
         /// What is expected.
         expected: String,
     },
+    /// `store = "cache"`, and the environment names no cache folder.
+    #[error("`{}:{at}`: `{key}` = \"cache\" needs a cache folder, and the environment names none (neither {CACHE_DIR_VAR} nor the user's cache folder: XDG_CACHE_HOME or HOME, LOCALAPPDATA on Windows). Set {CACHE_DIR_VAR} to an absolute path.", file.display())]
+    NoCacheDir {
+        /// The manifest that sets `store`.
+        file: PathBuf,
+        /// Where.
+        at: Location,
+        /// The full key.
+        key: String,
+    },
     /// A command-line flag has a value that cannot be used.
     #[error("{key} {value:?} is not allowed: expected {expected} (while loading `{}`).", file.display())]
     Flag {
@@ -872,6 +942,7 @@ impl ConfigError {
             | ConfigError::MissingModel { file, .. }
             | ConfigError::MissingScript { file, .. }
             | ConfigError::Env { file, .. }
+            | ConfigError::NoCacheDir { file, .. }
             | ConfigError::Flag { file, .. } => file,
         }
     }
@@ -897,6 +968,7 @@ impl ConfigError {
             | ConfigError::MissingModel { key, .. }
             | ConfigError::MissingScript { key, .. }
             | ConfigError::Env { key, .. }
+            | ConfigError::NoCacheDir { key, .. }
             | ConfigError::Flag { key, .. } => Some(key),
         }
     }
@@ -921,7 +993,8 @@ impl ConfigError {
             | ConfigError::NotAFile { at, .. }
             | ConfigError::BadPath { at, .. }
             | ConfigError::MissingModel { at, .. }
-            | ConfigError::MissingScript { at, .. } => Some(*at),
+            | ConfigError::MissingScript { at, .. }
+            | ConfigError::NoCacheDir { at, .. } => Some(*at),
         }
     }
 }
@@ -1201,6 +1274,49 @@ impl<'t> Doc<'t> {
 
 // ---- Loading ------------------------------------------------------------------------------------
 
+// ---- Editing the manifest ----------------------------------------------------------------------
+
+/// `text`, a package manifest, with `store = "<mode>"` in its `[package.metadata.promptgen]`
+/// table: the value replaced where the table sets it, else a line added under the table's
+/// header, everything else byte for byte as it was. `Err` says the line to add by hand when the
+/// table has no header of its own (written inline, or with dotted keys under `[package]`), or
+/// when the result would not read back as that mode.
+pub fn with_store(text: &str, mode: StoreMode) -> Result<String, String> {
+    let line = format!("store = \"{mode}\"");
+    let by_hand = || format!("add `{line}` to its `[{PACKAGE_PREFIX}]` table");
+    let doc = Doc::parse(text).ok_or_else(by_hand)?;
+    let key = format!("{PACKAGE_PREFIX}.store");
+    let set = doc.entries().into_iter().find(|(path, _, _)| *path == key).map(|(_, _, value)| value.span());
+    let edited = match set {
+        Some(span) => format!("{}\"{mode}\"{}", &text[..span.start], &text[span.end..]),
+        None => {
+            // Just after the line `[package.metadata.promptgen]` (spaces and a comment allowed).
+            let mut offset = 0;
+            let mut after_header = None;
+            for candidate in text.split_inclusive('\n') {
+                let code = candidate.split('#').next().unwrap_or("");
+                let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+                offset += candidate.len();
+                if compact == format!("[{PACKAGE_PREFIX}]") {
+                    after_header = Some((offset, candidate.ends_with('\n')));
+                    break;
+                }
+            }
+            let (at, newline) = after_header.ok_or_else(by_hand)?;
+            let newline = if newline { "" } else { "\n" };
+            format!("{}{newline}{line}\n{}", &text[..at], &text[at..])
+        }
+    };
+    let read: toml::Table = toml::from_str(&edited).map_err(|_| by_hand())?;
+    let store = read
+        .get("package")
+        .and_then(|v| v.get("metadata"))
+        .and_then(|v| v.get("promptgen"))
+        .and_then(|v| v.get("store"))
+        .and_then(|v| v.as_str());
+    if store == Some(mode.as_str()) { Ok(edited) } else { Err(by_hand()) }
+}
+
 /// Loads with `std::env::var` as the environment.
 pub fn load_from_env(manifest_path: &Path, overrides: &Overrides) -> Result<Chain, ConfigError> {
     load(manifest_path, overrides, &|name| std::env::var(name).ok())
@@ -1376,6 +1492,22 @@ pub fn load(
     steps.sort_by(|a, b| a.id.cmp(&b.id));
     let edition = package_edition(&src, package.get_ref(), workspace_table.map(|(_, table, _)| table))?;
 
+    // Where the outputs live, and the cache folder (needed in cache mode, and to switch to it).
+    let store = pick(&layers, |t| value(&t.store)).map_or(StoreMode::Repo, |(mode, _)| mode);
+    let cache_url = layers.iter().find_map(|l| l.cache_url.clone());
+    let cache_dir = crate::cache::default_dir(env).map_err(|(key, value)| ConfigError::Env {
+        file: file.into(),
+        key: key.into(),
+        value,
+        expected: "an absolute path to the cache folder".into(),
+    })?;
+    if store == StoreMode::Cache
+        && cache_dir.is_none()
+        && let Some((file, at, key)) = layers.iter().find_map(|l| l.store_at.clone())
+    {
+        return Err(ConfigError::NoCacheDir { file, at, key });
+    }
+
     Ok(Chain {
         package_name,
         package_dir,
@@ -1391,6 +1523,9 @@ pub fn load(
         request_timeout,
         edition,
         steps,
+        store,
+        cache_dir,
+        cache_url,
     })
 }
 
@@ -1618,6 +1753,10 @@ struct Layer<'a> {
     origin: Origin,
     table: &'a ChainTable,
     shared: Shared,
+    /// `cache_url`, checked.
+    cache_url: Option<CacheUrl>,
+    /// Where `store` is set: the manifest, the place and the full key.
+    store_at: Option<(PathBuf, Location, String)>,
 }
 
 impl<'a> Layer<'a> {
@@ -1625,7 +1764,19 @@ impl<'a> Layer<'a> {
         if let Some(url) = &table.base_url {
             ctx.non_empty("base_url", url)?;
         }
-        Ok(Layer { origin, table, shared: check_shared!(ctx, table, "system prompt") })
+        let cache_url = match &table.cache_url {
+            Some(url) => Some(CacheUrl::parse(url.get_ref()).map_err(|reason| ConfigError::InvalidValue {
+                file: ctx.src.file.clone(),
+                at: ctx.src.at_span(url),
+                key: ctx.key("cache_url"),
+                value: format!("{:?}", url.get_ref()),
+                expected: format!("{CACHE_URL_EXPECTED}; {reason}"),
+            })?),
+            None => None,
+        };
+        let store_at =
+            table.store.as_ref().map(|store| (ctx.src.file.clone(), ctx.src.at_span(store), ctx.key("store")));
+        Ok(Layer { origin, table, shared: check_shared!(ctx, table, "system prompt"), cache_url, store_at })
     }
 }
 
@@ -1952,6 +2103,20 @@ mod tests {
             };
             assert!(docs.contains(&line), "the module documentation's schema lacks `{key}`");
         }
+    }
+
+    #[test]
+    fn the_store_is_set_in_the_manifest_and_nothing_else_changes() {
+        let manifest = "[package]\nname = \"x\"\n\n[package.metadata.promptgen] # the chain\nmodel = \"m\"\n";
+        let cache = with_store(manifest, StoreMode::Cache).unwrap();
+        assert_eq!(cache, manifest.replace("# the chain\n", "# the chain\nstore = \"cache\"\n"));
+        let repo = with_store(&cache, StoreMode::Repo).unwrap();
+        assert_eq!(repo, cache.replace("store = \"cache\"", "store = \"repo\""));
+        let no_newline = "[package]\nname = \"x\"\n[package.metadata.promptgen]";
+        assert_eq!(with_store(no_newline, StoreMode::Cache).unwrap(), format!("{no_newline}\nstore = \"cache\"\n"));
+        let inline = "[package]\nname = \"x\"\nmetadata.promptgen = { model = \"m\" }\n";
+        let err = with_store(inline, StoreMode::Cache).unwrap_err();
+        assert_eq!(err, "add `store = \"cache\"` to its `[package.metadata.promptgen]` table");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use codegen_core::backend::BackendError;
 use codegen_core::FsError;
 use codegen_core::sandbox::SandboxError;
 
+use crate::cache::MissingFile;
 use crate::config::ConfigError;
 
 /// Why a chain could not be checked, run, accepted or built.
@@ -98,6 +99,49 @@ pub enum Error {
         /// Missing, or which hash it has.
         detail: String,
     },
+    /// Files the lock records are not in the local cache (`store = "cache"`), or are damaged
+    /// there. A build never regenerates them: that would change the lock.
+    #[error("{}", not_in_cache_message(package, cache_dir, remote.as_deref(), missing))]
+    NotInCache {
+        /// The package.
+        package: String,
+        /// The local cache folder.
+        cache_dir: PathBuf,
+        /// The cache's remote (`cache_url`), when one is set.
+        remote: Option<String>,
+        /// Each file it lacks or holds damaged.
+        missing: Vec<MissingFile>,
+    },
+    /// Bytes that were to be kept or sent under a hash do not have it; they were not used.
+    #[error("{what} hash to {actual}, not to {expected}; they were not used")]
+    HashMismatch {
+        /// Whose bytes (naming the file, object or URL).
+        what: String,
+        /// The hash they should have.
+        expected: String,
+        /// The hash they have.
+        actual: String,
+    },
+    /// `store = "cache"` (or a switch to it) and the environment names no cache folder.
+    #[error(
+        "{package} needs a cache folder and the environment names none: set PROMPTGEN_CACHE_DIR to an absolute path (or XDG_CACHE_HOME or HOME)"
+    )]
+    NoCacheDir {
+        /// The package.
+        package: String,
+    },
+    /// `store --to` cannot set `store` in the manifest by itself.
+    #[error("cannot set the store in `{}` by itself: {what}; then run the command again. Nothing was moved.", manifest.display())]
+    ManifestEdit {
+        /// The manifest.
+        manifest: PathBuf,
+        /// What to change by hand.
+        what: String,
+    },
+    /// The cache's S3 remote failed (`cargo promptgen push`, `pull`; the `cli` feature).
+    #[cfg(feature = "cli")]
+    #[error(transparent)]
+    Remote(Box<crate::remote::RemoteError>),
     /// The build script's environment lacks something Cargo always sets.
     #[error("environment variable {name} is not set: {hint}")]
     Env {
@@ -106,6 +150,13 @@ pub enum Error {
         /// What to do.
         hint: &'static str,
     },
+}
+
+#[cfg(feature = "cli")]
+impl From<crate::remote::RemoteError> for Error {
+    fn from(error: crate::remote::RemoteError) -> Error {
+        Error::Remote(Box::new(error))
+    }
 }
 
 impl From<ConfigError> for Error {
@@ -149,5 +200,38 @@ fn stale_message(package: &str, steps: &[StaleStep], reason: &str) -> String {
     text.push_str(&format!(
         "Run `cargo promptgen -p {package}` where a model is reachable, review the new outputs under promptgen/, and commit them with promptgen.lock."
     ));
+    text
+}
+
+fn not_in_cache_message(
+    package: &str,
+    cache_dir: &std::path::Path,
+    remote: Option<&str>,
+    missing: &[MissingFile],
+) -> String {
+    let damaged = missing.iter().filter(|m| m.damaged).count();
+    let mut text = format!(
+        "{} file{} that promptgen.lock records for {package} {} not in the local cache `{}`{}:\n",
+        missing.len(),
+        if missing.len() == 1 { "" } else { "s" },
+        if missing.len() == 1 { "is" } else { "are" },
+        cache_dir.display(),
+        if damaged > 0 { format!(" ({damaged} there but damaged, and not used)") } else { String::new() },
+    );
+    const SHOWN: usize = 10;
+    for file in missing.iter().take(SHOWN) {
+        text.push_str(&format!("  {file}\n"));
+    }
+    if missing.len() > SHOWN {
+        text.push_str(&format!("  ... and {} more\n", missing.len() - SHOWN));
+    }
+    match remote {
+        Some(remote) => text.push_str(&format!("Run `cargo promptgen pull -p {package}` to fetch them from {remote}.")),
+        None => text.push_str(&format!(
+            "No `cache_url` is set, so no remote holds them: set one and run `cargo promptgen pull -p {package}`, or \
+             regenerate them with `cargo promptgen -p {package}` (the lock will change: a model does not write the same \
+             bytes twice)."
+        )),
+    }
     text
 }

@@ -15,7 +15,7 @@ use crate::layout::Layout;
 use crate::lock::{sha256_hex, Lock, LockedFile, LockedStep};
 use crate::plan::{assess, Assessed, Previous, Records, StepState};
 use crate::out_dir::sync_dir;
-use crate::store::Files;
+use crate::store::{Files, Storage};
 
 /// Where regenerated steps are recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,8 +101,8 @@ pub fn bring_up_to_date(
     let mut records = Records::read(layout)?;
     let order: Vec<String> = chain.steps.iter().map(|s| s.id.clone()).collect();
     let (target_lock_path, target_store) = match destination {
-        Destination::Committed => (layout.lock_path(), layout.store()),
-        Destination::Pending => (layout.pending_lock_path(), layout.pending_store()),
+        Destination::Committed => (layout.lock_path(), layout.committed()?),
+        Destination::Pending => (layout.pending_lock_path(), Storage::Folder(layout.pending_store())),
     };
     // The lock being written: the committed one, or the pending one seeded from it.
     let mut target_lock = match destination {
@@ -139,7 +139,7 @@ pub fn bring_up_to_date(
                 if ran.put_off {
                     put_off.push(step);
                 }
-                target_store.save(&step.id, &ran.files, &ran.transcript)?;
+                target_store.save(&ran.entry, &ran.files, Some(&ran.transcript))?;
                 target_lock.upsert(ran.entry.clone(), &order);
                 target_lock.write(&target_lock_path)?;
                 result.regenerated.push(step.id.clone());
@@ -162,7 +162,7 @@ pub fn bring_up_to_date(
                     (Destination::Pending, StepState::Fresh) => target_lock.upsert(entry.clone(), &order),
                     // A build already made this result: record it as `accept` would.
                     (Destination::Committed, StepState::Pending) => {
-                        records.pending_store.copy_step(&step.id, &assessed.files, &target_store)?;
+                        records.pending_store.copy_step(&entry, &assessed.files, &target_store)?;
                         target_lock.upsert(entry.clone(), &order);
                         target_lock.write(&target_lock_path)?;
                         result.accepted.push(step.id.clone());
@@ -431,7 +431,7 @@ pub fn accept(chain: &Chain, layout: &Layout) -> Result<AcceptReport, Error> {
     for assessed in &plan {
         if assessed.state == StepState::Pending {
             let entry = assessed.entry.clone().expect("a pending step has its entry");
-            records.pending_store.copy_step(&assessed.id, &assessed.files, &records.store)?;
+            records.pending_store.copy_step(&entry, &assessed.files, &records.store)?;
             lock.upsert(entry, &order);
             lock.write(&layout.lock_path())?;
             report.accepted.push(assessed.id.clone());

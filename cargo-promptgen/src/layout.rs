@@ -4,10 +4,13 @@
 //! <package>/
 //! ├── Cargo.toml                 [package.metadata.promptgen]: the chain
 //! ├── promptgen.lock             committed: each step's fingerprint, key and file hashes
-//! └── promptgen/                 committed: what each step wrote (not a dot-folder, so
-//!     ├── 01/view.rs             `cargo package` and vendoring keep it)
-//!     ├── 01.transcript.jsonl    the step's conversation, without volatile fields
+//! └── promptgen/                 store = "repo" (the default), committed: what each step
+//!     ├── 01/view.rs             wrote (not a dot-folder, so `cargo package` and vendoring
+//!     ├── 01.transcript.jsonl    keep it), and its conversation without volatile fields
 //!     └── ...
+//! <cache>/                       store = "cache": the same files by hash, outside the package
+//! ├── sha256/ab/ab3f…            (see `crate::cache`), and the transcripts by step key
+//! └── transcripts/<key>.jsonl
 //! <target>/promptgen/
 //! ├── <package>.lock             process lock: one process at a time per package
 //! ├── pending/<package>/         results a build generated and nobody accepted yet,
@@ -21,7 +24,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cache::{Cache, CacheUrl};
+use crate::config::{Chain, StoreMode};
+use crate::error::Error;
 use crate::lock::LOCK_FILE;
+use crate::store::Storage;
 
 /// The store's folder name inside the package.
 pub const STORE_DIR: &str = "promptgen";
@@ -35,15 +42,24 @@ pub struct Layout {
     pub target_area: PathBuf,
     /// The package's name, used to keep packages apart in the target area.
     pub package_name: String,
+    /// Where the outputs the lock records are kept.
+    pub store_mode: StoreMode,
+    /// The cache folder, when the environment names one.
+    pub cache_dir: Option<PathBuf>,
+    /// The cache's remote, when `cache_url` is set.
+    pub cache_url: Option<CacheUrl>,
 }
 
 impl Layout {
-    /// The layout of the package in `package_dir`, with cargo's target folder `target_dir`.
-    pub fn new(package_dir: &Path, package_name: &str, target_dir: &Path) -> Layout {
+    /// The layout of `chain`'s package, with cargo's target folder `target_dir`.
+    pub fn new(chain: &Chain, target_dir: &Path) -> Layout {
         Layout {
-            package_dir: package_dir.to_owned(),
+            package_dir: chain.package_dir.clone(),
             target_area: target_dir.join("promptgen"),
-            package_name: package_name.to_owned(),
+            package_name: chain.package_name.clone(),
+            store_mode: chain.store,
+            cache_dir: chain.cache_dir.clone(),
+            cache_url: chain.cache_url.clone(),
         }
     }
 
@@ -52,9 +68,28 @@ impl Layout {
         self.package_dir.join(LOCK_FILE)
     }
 
-    /// The committed store.
+    /// The package's `promptgen/` folder: the committed store with `store = "repo"`.
     pub fn store(&self) -> Store {
         Store { root: self.package_dir.join(STORE_DIR) }
+    }
+
+    /// The cache folder.
+    pub fn cache(&self) -> Result<Cache, Error> {
+        let dir = self.cache_dir.clone().ok_or_else(|| Error::NoCacheDir { package: self.package_name.clone() })?;
+        Ok(Cache::new(dir))
+    }
+
+    /// Where the files the lock records are kept: the package's `promptgen/` folder, or the
+    /// cache, as `store` says.
+    pub fn committed(&self) -> Result<Storage, Error> {
+        Ok(match self.store_mode {
+            StoreMode::Repo => Storage::Folder(self.store()),
+            StoreMode::Cache => Storage::Cache {
+                cache: self.cache()?,
+                package: self.package_name.clone(),
+                remote: self.cache_url.as_ref().map(ToString::to_string),
+            },
+        })
     }
 
     /// The pending area's root (laid out like a package: lock and store).

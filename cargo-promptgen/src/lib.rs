@@ -56,6 +56,11 @@
 //! `promptgen/`. From then on `cargo build` copies the recorded files into
 //! `$OUT_DIR/promptgen/` without calling any model.
 //!
+//! With `store = "cache"` only the lock is committed: the files live in a content-addressed
+//! cache folder (`PROMPTGEN_CACHE_DIR`, else the user's cache folder), shared through an S3
+//! bucket (`cache_url`) by `cargo promptgen push` and `pull`. A build reads the local cache
+//! only; a file it lacks fails the build with `cargo promptgen pull` as the fix.
+//!
 //! # What a build does
 //!
 //! - Every step fresh: the recorded files are copied (only those whose bytes changed), no
@@ -71,7 +76,8 @@
 //! Strongest first: command-line flags; `PROMPTGEN_BACKEND`, `PROMPTGEN_MODEL`,
 //! `PROMPTGEN_BASE_URL`; the backend's own `OLLAMA_HOST`, `OPENAI_BASE_URL`, `OPENAI_API_KEY`;
 //! the package's metadata; `[workspace.metadata.promptgen]`. `PROMPTGEN_OFFLINE=1` and `CI`
-//! forbid model calls during builds.
+//! forbid model calls during builds. `PROMPTGEN_CACHE_DIR` (else `XDG_CACHE_HOME` or `HOME`)
+//! locates the cache of `store = "cache"`.
 //!
 //! # API
 //!
@@ -82,6 +88,7 @@
 #![deny(missing_docs)]
 
 mod build_script;
+mod cache;
 mod check;
 mod config;
 mod diagnostics;
@@ -93,8 +100,12 @@ mod mount;
 mod out_dir;
 mod plan;
 mod process_lock;
+#[cfg(feature = "cli")]
+mod remote;
 mod report;
 mod store;
+#[cfg(feature = "cli")]
+mod sync;
 
 pub use build_script::{BuildReport, Builder, build};
 pub use codegen_core::FsError;
@@ -106,6 +117,9 @@ pub use error::{Error, StaleStep};
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
+    pub mod cache {
+        pub use crate::cache::*;
+    }
     pub mod check {
         pub use crate::check::*;
     }
@@ -133,10 +147,18 @@ pub mod __private {
     pub mod process_lock {
         pub use crate::process_lock::*;
     }
+    #[cfg(feature = "cli")]
+    pub mod remote {
+        pub use crate::remote::*;
+    }
     pub mod report {
         pub use crate::report::*;
     }
     pub mod store {
         pub use crate::store::*;
+    }
+    #[cfg(feature = "cli")]
+    pub mod sync {
+        pub use crate::sync::*;
     }
 }

@@ -146,6 +146,18 @@ impl Lock {
         let text = codegen_core::__private::fs::read_to_string(path)?;
         let lock: Lock = toml::from_str(&text)
             .map_err(|e| Error::DamagedLock { path: path.to_owned(), detail: e.to_string() })?;
+        // Hashes name files in the cache and keys in its bucket: only real ones may.
+        let bad_hash = lock.steps.iter().find_map(|step| {
+            std::iter::once(("key", &step.key))
+                .chain(step.files.iter().map(|f| ("sha256", &f.sha256)))
+                .find(|(_, hash)| !crate::cache::is_sha256(hash))
+                .map(|(field, hash)| {
+                    format!("step {} has {field} = {hash:?}, which is not a SHA-256 (64 hex digits)", step.id)
+                })
+        });
+        if let Some(detail) = bad_hash {
+            return Err(Error::DamagedLock { path: path.to_owned(), detail });
+        }
         if lock.version != LOCK_VERSION {
             return Err(Error::DamagedLock {
                 path: path.to_owned(),
@@ -263,6 +275,11 @@ mod tests {
         std::fs::write(&path, "version = 1\n[[step]]\nid = 3\n").unwrap();
         let err = Lock::read(&path).unwrap_err().to_string();
         assert!(err.contains("promptgen.lock") && err.contains("damaged"), "{err}");
+        let mut bad = sample();
+        bad.steps[0].files[0].sha256 = "../../etc/passwd".into();
+        std::fs::write(&path, bad.to_text()).unwrap();
+        let err = Lock::read(&path).unwrap_err().to_string();
+        assert!(err.contains("not a SHA-256") && err.contains("../../etc/passwd"), "{err}");
         std::fs::write(&path, "version = 9\n").unwrap();
         let err = Lock::read(&path).unwrap_err().to_string();
         assert!(err.contains("version 9"), "{err}");

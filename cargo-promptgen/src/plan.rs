@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 
 use codegen_core::__private::fs;
 
+use crate::cache::MissingFile;
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::{Error, StaleStep};
 use crate::layout::{Layout, Store};
 use crate::lock::{Fingerprint, Lock, LockedStep, sha256_hex};
-use crate::store::Files;
+use crate::store::{Files, Storage};
 
 /// Where a step's recorded result comes from, or why there is none to use.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,10 +38,16 @@ pub struct Assessed {
     pub fingerprint: Fingerprint,
     /// Fresh, pending or stale.
     pub state: StepState,
-    /// The recorded entry that is usable (fresh or pending), if any.
+    /// The recorded entry that is usable (fresh or pending), if any; also, for a step that is
+    /// stale only because the cache lacks its files ([`Assessed::missing`]), the lock's entry,
+    /// which is sound, so that the steps after it are judged against it.
     pub entry: Option<LockedStep>,
     /// The recorded files (fresh or pending), checked against their hashes.
     pub files: Files,
+    /// With `store = "cache"`: the files of a step whose key is current that the local cache
+    /// lacks or holds damaged (the step is then stale, and only for that reason). A build
+    /// fails on them rather than regenerate: `cargo promptgen pull` is the fix.
+    pub missing: Vec<MissingFile>,
 }
 
 /// The committed and pending records of a package, read once.
@@ -48,8 +55,8 @@ pub struct Assessed {
 pub struct Records {
     /// The committed lock.
     pub lock: Lock,
-    /// The committed store.
-    pub store: Store,
+    /// Where the committed lock's files are kept.
+    pub store: Storage,
     /// The pending lock, when a build left one.
     pub pending: Option<Lock>,
     /// The pending store.
@@ -62,7 +69,7 @@ impl Records {
         let pending_path = layout.pending_lock_path();
         Ok(Records {
             lock: Lock::read(&layout.lock_path())?,
-            store: layout.store(),
+            store: layout.committed()?,
             pending: if pending_path.exists() { Some(Lock::read(&pending_path)?) } else { None },
             pending_store: layout.pending_store(),
         })
@@ -123,6 +130,7 @@ fn assess_with(
         state: StepState::Stale(reasons),
         entry: None,
         files: Files::new(),
+        missing: Vec::new(),
     };
     let committed = records.lock.step(&step.id);
     if let Previous::Stale(before) = previous {
@@ -137,12 +145,14 @@ fn assess_with(
         return Ok(stale(vec!["regeneration was asked for".into()]));
     }
     let mut damaged = None;
+    let mut not_in_cache = None;
     if let Some(entry) = committed.filter(|e| e.key == key) {
         match records.store.load(entry) {
             Ok(files) => return Ok(usable(step, fingerprint, StepState::Fresh, entry, files)),
             Err(Error::DamagedStore { path, detail }) => {
                 damaged = Some(format!("stored file `{}`: {detail}", path.display()))
             }
+            Err(Error::NotInCache { cache_dir, missing, .. }) => not_in_cache = Some((entry, cache_dir, missing)),
             Err(other) => return Err(other),
         }
     }
@@ -150,6 +160,19 @@ fn assess_with(
         && let Ok(files) = records.pending_store.load(entry)
     {
         return Ok(usable(step, fingerprint, StepState::Pending, entry, files));
+    }
+    if let Some((entry, cache_dir, missing)) = not_in_cache {
+        let damaged = missing.iter().filter(|m| m.damaged).count();
+        let reason = format!(
+            "{} of its {} files {} not in the local cache `{}`{}: `cargo promptgen pull -p {}` fetches them",
+            missing.len(),
+            entry.files.len(),
+            if missing.len() == 1 { "is" } else { "are" },
+            cache_dir.display(),
+            if damaged > 0 { format!(" ({damaged} damaged there)") } else { String::new() },
+            chain.package_name,
+        );
+        return Ok(Assessed { entry: Some(entry.clone()), missing, ..stale(vec![reason]) });
     }
     let reasons = match (damaged, committed) {
         (Some(damage), _) => vec![damage],
@@ -166,7 +189,7 @@ fn assess_with(
 }
 
 fn usable(step: &StepConfig, fingerprint: Fingerprint, state: StepState, entry: &LockedStep, files: Files) -> Assessed {
-    Assessed { id: step.id.clone(), fingerprint, state, entry: Some(entry.clone()), files }
+    Assessed { id: step.id.clone(), fingerprint, state, entry: Some(entry.clone()), files, missing: Vec::new() }
 }
 
 /// What the step before this one handed over.

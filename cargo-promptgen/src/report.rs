@@ -1,6 +1,6 @@
 //! What `check`, `status` and `diff` tell: computed here, printed by the binary.
 
-use crate::config::Chain;
+use crate::config::{Chain, StoreMode};
 use crate::error::{Error, StaleStep};
 use crate::layout::Layout;
 use crate::plan::{plan, stale_steps, Records, StepState};
@@ -14,8 +14,12 @@ pub struct CheckReport {
     pub pending: Vec<String>,
     /// Steps the lock records that the manifest no longer declares.
     pub removed: Vec<String>,
-    /// Stored files or folders that no step owns.
+    /// Stored files or folders that no step owns (with `store = "cache"`, everything in the
+    /// package's `promptgen/` folder).
     pub unowned: Vec<String>,
+    /// Stale steps whose only fault is that the local cache lacks their files
+    /// (`store = "cache"`): `cargo promptgen pull` makes them fresh, no model needed.
+    pub not_in_cache: Vec<String>,
 }
 
 impl CheckReport {
@@ -33,13 +37,22 @@ pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
     let assessed = plan(chain, &records)?;
     let stale = stale_steps(&assessed);
     let pending = stale.iter().filter(|s| pending_ids.contains(&s.id)).map(|s| s.id.clone()).collect();
+    let not_in_cache = assessed.iter().filter(|a| !a.missing.is_empty()).map(|a| a.id.clone()).collect();
     let removed: Vec<String> =
         records.lock.steps.iter().filter(|s| chain.step(&s.id).is_none()).map(|s| s.id.clone()).collect();
     let mut declared = records.lock.clone();
     declared.steps.retain(|s| chain.step(&s.id).is_some());
-    let unowned =
-        records.store.unowned(&declared).into_iter().filter(|path| !removed.iter().any(|id| owned_by(path, id))).collect();
-    Ok(CheckReport { stale, pending, removed, unowned })
+    if layout.store_mode == StoreMode::Cache {
+        // The lock's files live in the cache: nothing in `promptgen/` belongs to a step.
+        declared.steps.clear();
+    }
+    let unowned = layout
+        .store()
+        .unowned(&declared)
+        .into_iter()
+        .filter(|path| layout.store_mode == StoreMode::Cache || !removed.iter().any(|id| owned_by(path, id)))
+        .collect();
+    Ok(CheckReport { stale, pending, removed, unowned, not_in_cache })
 }
 
 /// Whether the store path `path` is step `id`'s folder, something in it, or its transcript.
@@ -54,7 +67,8 @@ pub struct StatusRow {
     pub id: String,
     /// Its prompt, as the manifest names it.
     pub prompt: String,
-    /// `fresh`, `pending` or `stale`.
+    /// `fresh`, `pending`, `stale`, or `unpulled` (stale only because the local cache lacks
+    /// its files).
     pub state: &'static str,
     /// Why it is stale.
     pub reasons: Vec<String>,
@@ -91,6 +105,7 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
             let (state, reasons) = match &a.state {
                 StepState::Fresh => ("fresh", Vec::new()),
                 StepState::Pending => ("pending", Vec::new()),
+                StepState::Stale(reasons) if !a.missing.is_empty() => ("unpulled", reasons.clone()),
                 StepState::Stale(reasons) => ("stale", reasons.clone()),
             };
             StatusRow {

@@ -1,11 +1,13 @@
-//! Reading and writing step outputs in a [`Store`]: every read is checked against the lock,
-//! every write replaces a step's folder whole.
+//! Reading and writing step outputs in a [`Store`] (a folder) or the cache, through
+//! [`Storage`]: every read is checked against the lock, every write replaces a step's folder
+//! whole (or adds objects that are never changed).
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use codegen_core::__private::fs;
 
+use crate::cache::Cache;
 use crate::error::Error;
 use crate::layout::Store;
 use crate::lock::{sha256_hex, Lock, LockedStep};
@@ -47,9 +49,10 @@ impl Store {
         Ok(files)
     }
 
-    /// Replaces step `id`'s folder with `files` and writes its transcript. The new folder is
-    /// written beside the old one and swapped in with renames, so a reader never sees a mix.
-    pub fn save(&self, id: &str, files: &Files, transcript: &str) -> Result<(), Error> {
+    /// Replaces step `id`'s folder with `files` and writes its transcript (when given). The
+    /// new folder is written beside the old one and swapped in with renames, so a reader never
+    /// sees a mix.
+    pub fn save(&self, id: &str, files: &Files, transcript: Option<&str>) -> Result<(), Error> {
         fs::create_dir_all(&self.root)?;
         let staging = fs::temp_dir_in(&self.root, &format!(".{id}.new-"))?;
         for (path, bytes) in files {
@@ -72,14 +75,16 @@ impl Store {
             return Err(e.into());
         }
         fs::remove_dir_all(&old)?;
-        fs::write_if_changed(&self.transcript_path(id), transcript.as_bytes())?;
+        if let Some(transcript) = transcript {
+            fs::write_if_changed(&self.transcript_path(id), transcript.as_bytes())?;
+        }
         Ok(())
     }
 
-    /// Copies step `id`'s folder and transcript from `self` into `other`.
-    pub fn copy_step(&self, id: &str, files: &Files, other: &Store) -> Result<(), Error> {
-        let transcript = std::fs::read_to_string(self.transcript_path(id)).unwrap_or_default();
-        other.save(id, files, &transcript)
+    /// Copies step `entry`'s files (as read from `self`) and transcript from `self` into `other`.
+    pub fn copy_step(&self, entry: &LockedStep, files: &Files, other: &Storage) -> Result<(), Error> {
+        let transcript = Storage::Folder(self.clone()).transcript(entry)?;
+        other.save(entry, files, transcript.as_deref())
     }
 
     /// Files and folders in the store that no step of `lock` owns (ignoring leftovers of
@@ -115,6 +120,74 @@ impl Store {
             }
         }
         unowned.into_iter().collect()
+    }
+}
+
+/// Where the files a lock records are kept: a folder laid out as a [`Store`] (the package's
+/// `promptgen/` with `store = "repo"`, and the pending area in both modes), or the
+/// content-addressed [`Cache`] (`store = "cache"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// A folder: `<root>/<id>/<files>` and `<root>/<id>.transcript.jsonl`.
+    Folder(Store),
+    /// The cache folder, as one package uses it.
+    Cache {
+        /// The cache.
+        cache: Cache,
+        /// The package, for messages.
+        package: String,
+        /// Its remote (`cache_url`), for messages.
+        remote: Option<String>,
+    },
+}
+
+impl Storage {
+    /// Step `entry`'s files, each checked against the hash the lock records. A folder's
+    /// missing or changed file is [`Error::DamagedStore`]; the cache's are listed, all of the
+    /// step's at once, in [`Error::NotInCache`].
+    pub fn load(&self, entry: &LockedStep) -> Result<Files, Error> {
+        match self {
+            Storage::Folder(store) => store.load(entry),
+            Storage::Cache { cache, package, remote } => cache.load(entry)?.map_err(|missing| Error::NotInCache {
+                package: package.clone(),
+                cache_dir: cache.dir.clone(),
+                remote: remote.clone(),
+                missing,
+            }),
+        }
+    }
+
+    /// Records step `entry`'s `files` (which must hash as `entry` says) and its transcript,
+    /// when there is one.
+    pub fn save(&self, entry: &LockedStep, files: &Files, transcript: Option<&str>) -> Result<(), Error> {
+        match self {
+            Storage::Folder(store) => store.save(&entry.id, files, transcript),
+            Storage::Cache { cache, .. } => {
+                for file in &entry.files {
+                    let bytes = files.get(&file.path).ok_or_else(|| Error::DamagedStore {
+                        path: PathBuf::from(&file.path),
+                        detail: format!("step {} records it, and its result does not hold it", entry.id),
+                    })?;
+                    cache.put(&file.sha256, bytes)?;
+                }
+                match transcript {
+                    Some(text) => cache.put_transcript(&entry.key, text),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// The transcript of step `entry`, if it is kept.
+    pub fn transcript(&self, entry: &LockedStep) -> Result<Option<String>, Error> {
+        match self {
+            Storage::Folder(store) => match fs::read_to_string(&store.transcript_path(&entry.id)) {
+                Ok(text) => Ok(Some(text)),
+                Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e.into()),
+            },
+            Storage::Cache { cache, .. } => cache.transcript(&entry.key),
+        }
     }
 }
 

@@ -20,11 +20,9 @@ use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use support::{Package, changes, finish, run, snapshot, stderr, text, write};
 
-const METADATA: &str = r#"
-[dependencies]
-serde = { version = "1", features = ["derive"] }
-serde_json = "1"
+const DEPENDENCIES: &str = "serde = { version = \"1\", features = [\"derive\"] }\nserde_json = \"1\"\n";
 
+const METADATA: &str = r#"
 [package.metadata.promptgen]
 backend = "ollama"
 model = "fake-coder"
@@ -81,7 +79,7 @@ const WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> 
 /// the generated module; `metadata` changed by `edit` first. It resolves its dependencies from
 /// the workspace's lock file, offline.
 fn package(edit: impl Fn(&str) -> String) -> Package {
-    let package = Package::new(&edit(METADATA), "");
+    let package = Package::with_dependencies(&edit(METADATA), "", DEPENDENCIES);
     package.write("src/domain.rs", DOMAIN);
     package.write("src/main.rs", MAIN);
     package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod cutting_proxy;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -20,6 +22,11 @@ impl Package {
     /// `main` mounts the generated modules under `generated` (the crate convention) and runs
     /// `main_body`.
     pub fn new(metadata: &str, main_body: &str) -> Package {
+        Package::with_dependencies(metadata, main_body, "")
+    }
+
+    /// [`Package::new`] with `dependencies` (TOML lines) under `[dependencies]`.
+    pub fn with_dependencies(metadata: &str, main_body: &str, dependencies: &str) -> Package {
         let dir = tempfile::Builder::new().prefix("pg-e2e-").tempdir().unwrap();
         let name = format!("pg-e2e-{}", fastish_id());
         let promptgen = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -29,6 +36,9 @@ name = "{name}"
 version = "0.1.0"
 edition = "2021"
 publish = false
+
+[dependencies]
+{dependencies}
 
 [build-dependencies]
 cargo-promptgen = {{ path = "{}", default-features = false }}
@@ -97,9 +107,21 @@ fn clean_env(command: &mut Command) {
         "OLLAMA_HOST",
         "OPENAI_BASE_URL",
         "OPENAI_API_KEY",
+        "PROMPTGEN_CACHE_DIR",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
     ] {
         command.env_remove(var);
     }
+    // Never the developer's own AWS profiles.
+    command.env("AWS_CONFIG_FILE", shared_target().join("no-aws-config"));
+    command.env("AWS_SHARED_CREDENTIALS_FILE", shared_target().join("no-aws-credentials"));
     command.env("CARGO_TARGET_DIR", shared_target());
 }
 

@@ -8,12 +8,17 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use cargo_promptgen::__private::config::{self, Chain, Overrides};
+use cargo_promptgen::__private::cache::Lookup;
+use cargo_promptgen::__private::config::{self, Chain, Overrides, StoreMode};
+use cargo_promptgen::__private::error::Error;
 use cargo_promptgen::__private::generate::{self, Destination, Progress};
 use cargo_promptgen::__private::layout::Layout;
+use cargo_promptgen::__private::lock::Lock;
 use cargo_promptgen::__private::process_lock::ProcessLock;
+use cargo_promptgen::__private::remote::{Remote, RemoteError};
 use cargo_promptgen::__private::report;
-use clap::{Args, Parser, Subcommand};
+use cargo_promptgen::__private::sync::{self, Transfer};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
 #[derive(Parser, Debug)]
@@ -50,6 +55,27 @@ enum Command {
         #[arg(long, value_name = "ID")]
         step: Option<String>,
     },
+    /// Upload to the cache's remote (`cache_url`) the files promptgen.lock names that it lacks.
+    Push(Selection),
+    /// Download into the local cache the files promptgen.lock names that it lacks.
+    Pull(Selection),
+    /// Move the recorded files between promptgen/ and the cache, and set `store` in Cargo.toml.
+    Store {
+        #[command(flatten)]
+        selection: Selection,
+        /// Where the files go: `cache` (the content-addressed cache) or `repo` (promptgen/).
+        #[arg(long, value_enum, value_name = "STORE")]
+        to: StoreArg,
+    },
+}
+
+/// `store --to`.
+#[derive(ValueEnum, Debug, Clone, Copy)]
+enum StoreArg {
+    /// The content-addressed cache (store = "cache").
+    Cache,
+    /// The package's promptgen/ folder (store = "repo").
+    Repo,
 }
 
 #[derive(Args, Debug, Default, Clone)]
@@ -75,6 +101,9 @@ struct RunArgs {
     /// Call no model: fail if any step is stale.
     #[arg(long)]
     offline: bool,
+    /// With store = "cache" and a cache_url: do not upload the results to the remote.
+    #[arg(long)]
+    no_push: bool,
     /// Backend for this run (beats PROMPTGEN_BACKEND and the metadata).
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
@@ -116,6 +145,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Status(selection)) => status(&selection),
         Some(Command::Accept(selection)) => accept(&selection),
         Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
+        Some(Command::Push(selection)) => push(&selection),
+        Some(Command::Pull(selection)) => pull(&selection),
+        Some(Command::Store { selection, to }) => store(&selection, to),
     }
 }
 
@@ -130,7 +162,7 @@ fn open(selection: &Selection, overrides: &Overrides) -> anyhow::Result<Package>
     // cargo knows the workspace this package belongs to; config::load need not guess.
     let overrides = Overrides { workspace_root: Some(metadata.workspace_root.clone().into()), ..overrides.clone() };
     let chain = config::load_from_env(&manifest, &overrides)?;
-    let layout = Layout::new(&chain.package_dir, &chain.package_name, metadata.target_directory.as_std_path());
+    let layout = Layout::new(&chain, metadata.target_directory.as_std_path());
     Ok(Package { chain, layout })
 }
 
@@ -225,6 +257,26 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
         return Ok(ExitCode::SUCCESS);
     }
+    // With a remote: fetch what the lock names and this machine lacks, so it is not made
+    // again, and check that the remote answers before any model is called.
+    let remote = cache_remote(&chain, &layout)?;
+    if let Some(remote) = &remote {
+        if lacks_files(&layout)? {
+            match sync::pull(&Lock::read(&layout.lock_path())?, &layout.cache()?, remote, &chain.package_name) {
+                Ok(transfer) => eprintln!("Fetched {} files from {}.", transfer.moved, remote.describe()),
+                Err(Error::Remote(e)) if matches!(*e, RemoteError::Incomplete { .. }) => {
+                    eprintln!("warning: {e}\nTheir steps run again.");
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e)
+                        .context("could not fetch the recorded files from the remote; nothing was run"));
+                }
+            }
+        }
+        if !args.no_push {
+            remote.probe().context("the remote does not answer; nothing was run (`--no-push` runs without it)")?;
+        }
+    }
     let started = Instant::now();
     let mut stderr = std::io::stderr();
     let mut show = |p: Progress| {
@@ -269,6 +321,142 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         chain.steps.len(),
         started.elapsed().as_secs_f64()
     );
+    if let Some(remote) = remote.as_ref().filter(|_| !args.no_push) {
+        let transfer = sync::push(&Lock::read(&layout.lock_path())?, &layout.cache()?, remote, &chain.package_name)
+            .with_context(|| {
+                format!(
+                    "the run is recorded in promptgen.lock and the local cache, but pushing to {} failed; run `cargo \
+                     promptgen push -p {}` when it answers",
+                    remote.describe(),
+                    chain.package_name
+                )
+            })?;
+        print_transfer("Pushed", "to", &transfer, remote);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The remote of a package in cache mode with a `cache_url`.
+fn cache_remote(chain: &Chain, layout: &Layout) -> anyhow::Result<Option<Remote>> {
+    match (&chain.cache_url, layout.store_mode) {
+        (Some(url), StoreMode::Cache) => Ok(Some(Remote::open(url, &|name| std::env::var(name).ok())?)),
+        _ => Ok(None),
+    }
+}
+
+/// Whether the local cache lacks (or holds damaged) a file the committed lock names.
+fn lacks_files(layout: &Layout) -> anyhow::Result<bool> {
+    let cache = layout.cache()?;
+    for step in Lock::read(&layout.lock_path())?.steps {
+        for file in &step.files {
+            if !matches!(cache.get(&file.sha256)?, Lookup::Found(_)) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+fn print_transfer(verb: &str, direction: &str, transfer: &Transfer, remote: &Remote) {
+    let transcripts = match transfer.transcripts {
+        0 => String::new(),
+        n => format!(" and {n} transcript{}", if n == 1 { "" } else { "s" }),
+    };
+    eprintln!(
+        "{verb} {} of the {} files promptgen.lock names ({} bytes){transcripts} {direction} {}; the other {} were there already.",
+        transfer.moved,
+        transfer.objects,
+        transfer.bytes,
+        remote.describe(),
+        transfer.objects - transfer.moved
+    );
+}
+
+/// The remote of a package that must be in cache mode with a `cache_url`, for `push` and `pull`.
+fn remote_for(chain: &Chain, layout: &Layout, verb: &str) -> anyhow::Result<Remote> {
+    let package = &chain.package_name;
+    if layout.store_mode != StoreMode::Cache {
+        bail!(
+            "{package} keeps its files in the repository (store = \"repo\"), so there is nothing to {verb}; `cargo \
+             promptgen store --to cache -p {package}` moves them to the cache"
+        );
+    }
+    match cache_remote(chain, layout)? {
+        Some(remote) => Ok(remote),
+        None => bail!(
+            "{package} has no remote to {verb}: set `cache_url = \"s3://bucket/prefix\"` in [package.metadata.promptgen] \
+             (or [workspace.metadata.promptgen]) of `{}`",
+            chain.manifest_path.display()
+        ),
+    }
+}
+
+fn push(selection: &Selection) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = ProcessLock::acquire(&layout)?;
+    let remote = remote_for(&chain, &layout, "push")?;
+    let transfer = sync::push(&Lock::read(&layout.lock_path())?, &layout.cache()?, &remote, &chain.package_name)?;
+    print_transfer("Pushed", "to", &transfer, &remote);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pull(selection: &Selection) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = ProcessLock::acquire(&layout)?;
+    let remote = remote_for(&chain, &layout, "pull")?;
+    let transfer = sync::pull(&Lock::read(&layout.lock_path())?, &layout.cache()?, &remote, &chain.package_name)?;
+    if transfer.moved == 0 {
+        eprintln!(
+            "The local cache `{}` already holds the {} files promptgen.lock names.",
+            layout.cache()?.dir.display(),
+            transfer.objects
+        );
+    } else {
+        print_transfer("Pulled", "from", &transfer, &remote);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn store(selection: &Selection, to: StoreArg) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(selection, &Overrides::default())?;
+    let _guard = ProcessLock::acquire(&layout)?;
+    let to = match to {
+        StoreArg::Cache => StoreMode::Cache,
+        StoreArg::Repo => StoreMode::Repo,
+    };
+    // Only a move out of the cache may need the remote (for files this machine lacks).
+    let remote = match (&chain.cache_url, to) {
+        (Some(url), StoreMode::Repo) => Some(Remote::open(url, &|name| std::env::var(name).ok())?),
+        _ => None,
+    };
+    let switch = sync::switch(&chain, &layout, to, remote.as_ref())?;
+    let cache = layout.cache()?.dir;
+    let (from_place, to_place) = match to {
+        StoreMode::Cache => ("promptgen/".to_string(), format!("the cache `{}`", cache.display())),
+        StoreMode::Repo => (format!("the cache `{}`", cache.display()), "promptgen/".to_string()),
+    };
+    if switch.pulled > 0 {
+        println!("Fetched {} files from the remote first.", switch.pulled);
+    }
+    println!(
+        "Moved {} steps ({} files) from {from_place} to {to_place}; promptgen.lock is unchanged.",
+        switch.steps, switch.files
+    );
+    let manifest = chain.manifest_path.display();
+    if switch.manifest_changed {
+        println!("`{manifest}` now says store = \"{to}\".");
+    } else {
+        println!("`{manifest}` (or its workspace) already said store = \"{to}\".");
+    }
+    match to {
+        StoreMode::Cache => {
+            println!("Commit Cargo.toml and the removal of promptgen/.");
+            if chain.cache_url.is_some() {
+                println!("Run `cargo promptgen push -p {}` to share the files.", chain.package_name);
+            }
+        }
+        StoreMode::Repo => println!("Commit Cargo.toml and promptgen/."),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -277,7 +465,14 @@ fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
     let _guard = ProcessLock::acquire(&layout)?;
     let report = report::check(&chain, &layout)?;
     for path in &report.unowned {
-        println!("warning: promptgen/{path} belongs to no step in promptgen.lock; delete it if it is a leftover");
+        if layout.store_mode == StoreMode::Cache {
+            println!(
+                "warning: promptgen/{path} is not used: {} keeps its files in the cache (store = \"cache\"); delete it if it is a leftover",
+                chain.package_name
+            );
+        } else {
+            println!("warning: promptgen/{path} belongs to no step in promptgen.lock; delete it if it is a leftover");
+        }
     }
     for id in &report.removed {
         println!(
@@ -302,6 +497,8 @@ fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
             report.pending.join(", "),
             chain.package_name
         );
+    } else if report.not_in_cache.len() == report.stale.len() {
+        println!("Run `cargo promptgen pull -p {}` to fetch their files; no model is needed.", chain.package_name);
     } else {
         println!("Run `cargo promptgen -p {}` to regenerate them.", chain.package_name);
     }
@@ -369,6 +566,9 @@ fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
     }
     if !report.accepted.is_empty() {
         println!("Recorded steps {} in promptgen.lock.", report.accepted.join(", "));
+        if layout.store_mode == StoreMode::Cache && chain.cache_url.is_some() {
+            println!("Run `cargo promptgen push -p {}` to share their files.", chain.package_name);
+        }
     }
     if !report.outdated.is_empty() {
         println!(
