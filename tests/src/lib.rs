@@ -286,7 +286,19 @@ pub enum Reply {
     },
     /// Close the connection right after reading the request.
     HangUp,
+    /// `reply`, answered only once a request whose body contains `key` has arrived (this one
+    /// included), or after [`WAIT_CAP`], or when the server is dropped.
+    WaitFor {
+        /// What a request's body must contain.
+        key: String,
+        /// The answer.
+        reply: Box<Reply>,
+    },
 }
+
+/// The longest a [`Reply::once_seen`] waits for its request: a client that never sends it
+/// gets its answer then, and the [`FakeLlm::timeline`] shows it came late.
+pub const WAIT_CAP: Duration = Duration::from_secs(60);
 
 impl Reply {
     /// 200 with this JSON body, verbatim.
@@ -310,8 +322,17 @@ impl Reply {
             | Reply::Error { headers, .. }
             | Reply::Truncated { headers, .. } => headers.push((name.to_owned(), value.to_owned())),
             Reply::Stall(_) | Reply::HangUp => {}
+            Reply::WaitFor { reply, .. } => **reply = reply.as_ref().clone().header(name, value),
         }
         self
+    }
+
+    /// This reply, held back until a request whose body contains `key` has arrived (this one
+    /// included; at most [`WAIT_CAP`]). Two requests held for each other prove that a client
+    /// sent them at the same time, without a clock: a client that sends one after the other's
+    /// answer makes the first wait the whole cap, and [`FakeLlm::timeline`] shows the order.
+    pub fn once_seen(self, key: &str) -> Reply {
+        Reply::WaitFor { key: key.to_owned(), reply: Box::new(self) }
     }
 
     /// A 200 assistant turn rendered in the shape of the protocol the request used: a path
@@ -383,6 +404,7 @@ impl Reply {
     fn streaming(mut self, change: impl FnOnce(&mut Streaming)) -> Reply {
         match &mut self {
             Reply::Turn { stream, .. } | Reply::RawStream { stream, .. } => change(stream),
+            Reply::WaitFor { reply, .. } => **reply = reply.as_ref().clone().streaming(change),
             other => panic!("fake LLM server: only a turn or a raw stream is streamed, not {other:?}"),
         }
         self
@@ -450,6 +472,16 @@ pub fn refused_url() -> String {
 // The server
 // ---------------------------------------------------------------------------------------------
 
+/// Something that happened to a request ([`FakeLlm::timeline`]): its index in
+/// [`FakeLlm::requests`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    /// The request was read (and recorded).
+    Arrived(usize),
+    /// Its answer is being written.
+    Answered(usize),
+}
+
 /// A scripted fake LLM server on `127.0.0.1` with an ephemeral port.
 ///
 /// Every request (on any path) consumes the next scripted [`Reply`], except the discovery
@@ -462,6 +494,10 @@ pub fn refused_url() -> String {
 /// recorded *before* it is answered. Malformed requests (which have no method or path to
 /// record) are answered 400 and not recorded.
 ///
+/// Replies can also be routed by what a request carries ([`FakeLlm::route`]), so that clients
+/// running several conversations at once each get their own script; [`FakeLlm::timeline`]
+/// tells when each request arrived and was answered, relative to the others.
+///
 /// Dropping the server stops accepting, ends stalls and closes every open connection.
 pub struct FakeLlm {
     addr: SocketAddr,
@@ -472,7 +508,8 @@ pub struct FakeLlm {
 /// State shared by the accept loop, the connection threads and the [`FakeLlm`] handle.
 struct Shared {
     state: Mutex<State>,
-    /// Signalled when `State::stopped` becomes true, to end stalls early.
+    /// Signalled when `State::stopped` becomes true, to end stalls early, and when a request
+    /// arrives, for replies waiting for one ([`Reply::once_seen`]).
     stop_signal: Condvar,
     /// Mirror of `State::stopped` readable without the lock, for the accept loop.
     stopping: AtomicBool,
@@ -480,6 +517,12 @@ struct Shared {
 
 struct State {
     script: VecDeque<Reply>,
+    /// Replies for requests whose body contains the key, tried in order before `script`.
+    routes: Vec<(String, VecDeque<Reply>)>,
+    /// Waited before every scripted answer.
+    latency: Duration,
+    /// Arrivals and answers, in order.
+    timeline: Vec<Moment>,
     /// Scripted replies handed out so far.
     served: usize,
     requests: Vec<RecordedRequest>,
@@ -512,6 +555,9 @@ impl FakeLlm {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 script: script.into(),
+                routes: Vec::new(),
+                latency: Duration::ZERO,
+                timeline: Vec::new(),
                 served: 0,
                 requests: Vec::new(),
                 next_call_id: 1,
@@ -538,6 +584,31 @@ impl FakeLlm {
     /// Appends a reply to the script.
     pub fn push(&self, reply: Reply) {
         self.shared.lock().script.push_back(reply);
+    }
+
+    /// Appends `replies` to the route of `key`: a request whose body contains `key` takes its
+    /// answer from there instead of the script (the first route whose key it contains, in the
+    /// order routes were made). An exhausted route answers 500, like the script.
+    pub fn route(&self, key: &str, replies: Vec<Reply>) {
+        let mut state = self.shared.lock();
+        match state.routes.iter_mut().find(|(k, _)| k == key) {
+            Some((_, queue)) => queue.extend(replies),
+            None => state.routes.push((key.to_owned(), replies.into())),
+        }
+    }
+
+    /// Waits `latency` before every scripted answer (each connection on its own, so requests
+    /// that arrive together are answered together), as a model's time to reply.
+    pub fn set_latency(&self, latency: Duration) {
+        self.shared.lock().latency = latency;
+    }
+
+    /// When each request arrived and was answered, in the order it happened (indices into
+    /// [`FakeLlm::requests`]). A request counts as answered just before the first byte of its
+    /// answer is written (after its wait and the latency): whatever the client sends because
+    /// of that answer comes after it. A stall or a hang-up is an answer too.
+    pub fn timeline(&self) -> Vec<Moment> {
+        self.shared.lock().timeline.clone()
     }
 
     /// Every request received so far, in order (including ones answered with errors or
@@ -629,9 +700,23 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
             }
         };
         let close_after = request.close_after;
-        let action = answer(shared, request.recorded);
-        if shared.lock().stopped {
+        let Answer { index, wait_for, scripted, action } = answer(shared, request.recorded);
+        for key in &wait_for {
+            if !wait_until_seen(shared, key) {
+                return;
+            }
+        }
+        let latency = shared.lock().latency;
+        if scripted && !latency.is_zero() && !pause(shared, latency) {
             return;
+        }
+        {
+            let mut state = shared.lock();
+            if state.stopped {
+                return;
+            }
+            // Before the first byte: what the client does because of the answer comes after.
+            state.timeline.push(Moment::Answered(index));
         }
         let keep_going = match action {
             Action::Respond { status, headers, body } => {
@@ -667,6 +752,26 @@ fn pause(shared: &Shared, d: Duration) -> bool {
     // Returns early when `Drop` sets `stopped` and signals.
     let (state, _) = shared.stop_signal.wait_timeout_while(state, d, |s| !s.stopped).unwrap_or_else(|e| e.into_inner());
     !state.stopped
+}
+
+/// Waits until a request whose body contains `key` has arrived, at most [`WAIT_CAP`]; whether
+/// the server is still running.
+fn wait_until_seen(shared: &Shared, key: &str) -> bool {
+    let state = shared.lock();
+    let unseen = |s: &mut State| !s.stopped && !s.requests.iter().any(|r| r.body.contains(key));
+    let (state, _) = shared.stop_signal.wait_timeout_while(state, WAIT_CAP, unseen).unwrap_or_else(|e| e.into_inner());
+    !state.stopped
+}
+
+/// A request's answer, decided under the lock.
+struct Answer {
+    /// The request's index in the record.
+    index: usize,
+    /// Keys of requests to wait for first ([`Reply::once_seen`]).
+    wait_for: Vec<String>,
+    /// Whether it comes from the script or a route (so it waits the latency).
+    scripted: bool,
+    action: Action,
 }
 
 /// What a connection thread does with a request, decided under the lock.
@@ -716,8 +821,26 @@ fn error_protocol(path: &str) -> Protocol {
 
 /// Records the request, then picks and renders its answer, all under one lock so the record
 /// order is the answer order.
-fn answer(shared: &Shared, request: RecordedRequest) -> Action {
+fn answer(shared: &Shared, request: RecordedRequest) -> Answer {
     let mut state = shared.lock();
+    let index = state.requests.len();
+    state.timeline.push(Moment::Arrived(index));
+    // Replies waiting for this request may go now.
+    shared.stop_signal.notify_all();
+    let route = state.routes.iter().position(|(key, _)| request.body.contains(key.as_str()));
+    let mut wait_for = Vec::new();
+    let action = respond(&mut state, request, route, &mut wait_for);
+    Answer { index, scripted: action.1, wait_for, action: action.0 }
+}
+
+/// The answer to `request` (recorded here): the next reply of route `route`, else of the
+/// script; and whether it was scripted.
+fn respond(
+    state: &mut State,
+    request: RecordedRequest,
+    route: Option<usize>,
+    wait_for: &mut Vec<String>,
+) -> (Action, bool) {
     let path = request.path.split('?').next().unwrap_or_default().to_owned();
     let is_get = request.method.eq_ignore_ascii_case("GET");
     // The model echoed in replies: the request's, like real servers.
@@ -729,17 +852,36 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
 
     let ok = |body: Value| Action::Respond { status: 200, headers: Vec::new(), body: body.to_string() };
     if is_get && path.ends_with("/api/version") {
-        return ok(json!({ "version": "0.0.0-fake" }));
+        return (ok(json!({ "version": "0.0.0-fake" })), false);
     }
     if is_get && path.ends_with("/health") {
-        return ok(json!({ "status": "ok" }));
+        return (ok(json!({ "status": "ok" })), false);
     }
 
-    let Some(reply) = state.script.pop_front() else {
-        let message = format!("fake LLM server: script exhausted after {} replies", state.served);
-        return error_action(&path, 500, &message, "server_error", None, Vec::new());
+    let next = match route {
+        Some(route) => state.routes[route].1.pop_front().ok_or_else(|| {
+            format!("fake LLM server: route `{}` exhausted after {} replies", state.routes[route].0, state.served)
+        }),
+        None => state
+            .script
+            .pop_front()
+            .ok_or_else(|| format!("fake LLM server: script exhausted after {} replies", state.served)),
+    };
+    let mut reply = match next {
+        Ok(reply) => reply,
+        Err(message) => return (error_action(&path, 500, &message, "server_error", None, Vec::new()), false),
     };
     state.served += 1;
+    while let Reply::WaitFor { key, reply: inner } = reply {
+        wait_for.push(key);
+        reply = *inner;
+    }
+    (render(state, &path, &model, reply), true)
+}
+
+/// `reply` to the request last recorded, at `path`, which asked for `model`.
+fn render(state: &mut State, path: &str, model: &str, reply: Reply) -> Action {
+    let path = path.to_owned();
     let asked = serde_json::from_str::<Value>(&state.requests.last().map(|r| r.body.clone()).unwrap_or_default())
         .unwrap_or(Value::Null);
     let wants_stream = asked["stream"] == json!(true);
@@ -748,20 +890,20 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
         Reply::Json { status, body, headers } => Action::Respond { status, headers, body: body.to_string() },
         Reply::Turn { turn, stream, headers } => match chat_protocol(&path) {
             Some(Protocol::Ollama) if wants_stream => {
-                let chunks = ended(ollama_chunks(&turn, &model, &stream), &stream, Protocol::Ollama);
+                let chunks = ended(ollama_chunks(&turn, model, &stream), &stream, Protocol::Ollama);
                 Action::Stream { headers: with_content_type(headers, Protocol::Ollama), chunks, stream }
             }
             Some(Protocol::Ollama) => {
-                Action::Respond { status: 200, headers, body: render_ollama(&turn, &model).to_string() }
+                Action::Respond { status: 200, headers, body: render_ollama(&turn, model).to_string() }
             }
             Some(Protocol::OpenAi) if wants_stream => {
                 let usage = wants_usage && stream.usage;
-                let chunks = openai_chunks(&turn, &model, &mut state.next_call_id, &stream, usage);
+                let chunks = openai_chunks(&turn, model, &mut state.next_call_id, &stream, usage);
                 let chunks = ended(chunks, &stream, Protocol::OpenAi);
                 Action::Stream { headers: with_content_type(headers, Protocol::OpenAi), chunks, stream }
             }
             Some(Protocol::OpenAi) => {
-                let body = render_openai(&turn, &model, &mut state.next_call_id);
+                let body = render_openai(&turn, model, &mut state.next_call_id);
                 Action::Respond { status: 200, headers, body: body.to_string() }
             }
             None => {
@@ -782,6 +924,7 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Action {
         Reply::Truncated { body, headers } => Action::Truncated { headers, body: body.to_string() },
         Reply::Stall(d) => Action::Stall(d),
         Reply::HangUp => Action::HangUp,
+        Reply::WaitFor { reply, .. } => render(state, &path, model, *reply),
     }
 }
 

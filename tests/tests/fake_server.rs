@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
+use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Moment, Reply, Turn, refused_url};
 use reqwest::blocking::{Client, Response};
 use serde_json::{Value, json};
 
@@ -684,4 +684,67 @@ fn raw_streams_are_sent_verbatim_and_non_streamed_requests_still_get_whole_repli
     assert_eq!(raw.text().unwrap(), "data: {\"choices\":[]}\n\nerror: {\"message\":\"boom\"}\n\n");
     let whole: Value = post(&client(), &url, &chat_body("m")).json().unwrap();
     assert_eq!(whole["choices"][0]["message"]["content"], "whole");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Routes, waiting for another request, latency, the timeline
+// ----------------------------------------------------------------------------------------------
+
+fn chat_saying(text: &str) -> Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": text}], "stream": false})
+}
+
+fn content(response: Response) -> String {
+    let body: Value = response.json().unwrap();
+    body["message"]["content"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn routes_answer_the_requests_that_carry_their_key_and_the_script_the_rest() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("from the script"))]);
+    server.route("[b]", vec![Reply::turn(Turn::text("b1")), Reply::turn(Turn::text("b2"))]);
+    server.route("[a]", vec![Reply::turn(Turn::text("a1"))]);
+    let url = format!("{}/api/chat", server.url());
+    let client = client();
+    assert_eq!(content(post(&client, &url, &chat_saying("step [b]"))), "b1");
+    assert_eq!(content(post(&client, &url, &chat_saying("step [a]"))), "a1");
+    assert_eq!(content(post(&client, &url, &chat_saying("nothing routed"))), "from the script");
+    assert_eq!(content(post(&client, &url, &chat_saying("step [b] again"))), "b2");
+    let exhausted = post(&client, &url, &chat_saying("step [a] again"));
+    assert_eq!(exhausted.status(), 500);
+    assert!(exhausted.text().unwrap().contains("route `[a]` exhausted"));
+    server.route("[a]", vec![Reply::turn(Turn::text("a2"))]);
+    assert_eq!(content(post(&client, &url, &chat_saying("step [a]"))), "a2");
+}
+
+#[test]
+fn two_replies_held_for_each_other_are_answered_only_once_both_requests_arrived() {
+    let server = FakeLlm::start(Vec::new());
+    server.route("[a]", vec![Reply::turn(Turn::text("a")).once_seen("[b]")]);
+    server.route("[b]", vec![Reply::turn(Turn::text("b")).once_seen("[a]")]);
+    let url = format!("{}/api/chat", server.url());
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| content(post(&client(), &url, &chat_saying("[a]"))));
+        // `a` is held until `b` arrives: this thread sends `b` only once `a` is in.
+        while server.requests().is_empty() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let b = scope.spawn(|| content(post(&client(), &url, &chat_saying("[b]"))));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!((a.as_str(), b.as_str()), ("a", "b"));
+    let timeline = server.timeline();
+    assert_eq!(&timeline[..2], [Moment::Arrived(0), Moment::Arrived(1)], "{timeline:?}");
+    assert_eq!(timeline.len(), 4, "{timeline:?}");
+}
+
+#[test]
+fn the_timeline_shows_one_request_after_the_others_answer() {
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("1")), Reply::turn(Turn::text("2"))]);
+    server.set_latency(Duration::from_millis(20));
+    let url = format!("{}/api/chat", server.url());
+    let client = client();
+    post(&client, &url, &chat_saying("one")).text().unwrap();
+    post(&client, &url, &chat_saying("two")).text().unwrap();
+    assert_eq!(server.timeline(), [Moment::Arrived(0), Moment::Answered(0), Moment::Arrived(1), Moment::Answered(1)]);
 }
