@@ -3,16 +3,16 @@
 use std::path::{Path, PathBuf};
 
 use crate::cache::MissingFile;
+use crate::check::{TREE_PACKAGE_VAR, TREE_VAR};
 use crate::config::{self, Chain, Overrides, StoreMode};
 use crate::error::Error;
-use crate::generate::{bring_up_to_date, Destination, Progress};
-use crate::layout::{target_dir_from_out_dir, Layout};
-use crate::plan::{plan, stale_steps, Records, StepState};
-use crate::check::{TREE_PACKAGE_VAR, TREE_VAR};
+use crate::generate::{Destination, Progress, bring_up_to_date};
+use crate::layout::{Layout, target_dir_from_out_dir};
+use crate::mount::{MODULES_FILE, OUT_SUBDIR, module_tree};
 use crate::out_dir::sync_dir;
-use crate::store::Files;
+use crate::plan::{Records, StepState, plan, stale_steps};
 use crate::process_lock::ProcessLock;
-use crate::mount::{module_tree, MODULES_FILE, OUT_SUBDIR};
+use crate::store::Files;
 
 /// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
 /// for `PROMPTGEN_OFFLINE`, any value at all for `CI`.
@@ -136,8 +136,9 @@ impl Builder {
         let (tree, regenerated, pending) = if stale.is_empty() {
             let pending: Vec<String> =
                 assessed.iter().filter(|a| a.state == StepState::Pending).map(|a| a.id.clone()).collect();
-            // Steps are in order: a later step's file replaces an earlier step's at its path.
-            let tree: Files = assessed.iter_mut().flat_map(|a| std::mem::take(&mut a.files)).collect();
+            // Each step's files over those of the steps it runs after (the graph's order).
+            let tree: Files =
+                chain.graph.order().iter().flat_map(|&i| std::mem::take(&mut assessed[i].files)).collect();
             (tree, Vec::new(), pending)
         } else {
             if let Some(reason) = self.offline_reason() {
@@ -148,7 +149,9 @@ impl Builder {
                     eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
                 }
             };
-            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, &mut show)?;
+            // One step at a time: a build runs inside cargo's own jobs, and its output is read
+            // after the fact.
+            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, 1, &mut show)?.into_failure()?;
             let pending = result
                 .steps
                 .iter()
@@ -190,7 +193,8 @@ impl Builder {
         }
         let generated_dir = out_dir.join(OUT_SUBDIR);
         let files_written = sync_dir(&generated_dir, &files)?;
-        let modules = module_tree(files.keys(), &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
+        let modules =
+            module_tree(files.keys(), &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
         codegen_core::__private::fs::write_if_changed_unsynced(&out_dir.join(MODULES_FILE), modules.as_bytes())?;
         Ok(BuildReport { generated_dir, files_written, regenerated: Vec::new(), pending: Vec::new() })
     }
@@ -242,9 +246,10 @@ pub fn build() -> Result<(), Error> {
 }
 
 fn env_path(name: &'static str) -> Result<PathBuf, Error> {
-    std::env::var_os(name)
-        .map(PathBuf::from)
-        .ok_or(Error::Env { name, hint: "call cargo_promptgen::build() from a build script, or set the path on the Builder" })
+    std::env::var_os(name).map(PathBuf::from).ok_or(Error::Env {
+        name,
+        hint: "call cargo_promptgen::build() from a build script, or set the path on the Builder",
+    })
 }
 
 /// Tells Cargo to run the build script again when anything that can change the tree changes.
@@ -274,4 +279,3 @@ fn emit_rerun_directives(chain: &Chain) {
         println!("cargo:rerun-if-env-changed={var}");
     }
 }
-

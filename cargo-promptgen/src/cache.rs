@@ -276,6 +276,7 @@ mod tests {
             outputs: Vec::new(),
             inputs: Default::default(),
             previous: None,
+            after: Default::default(),
         };
         LockedStep {
             id: "01".into(),

@@ -16,9 +16,24 @@
 //!   crate.
 //! - a command: runs in the package folder with the same variables.
 //!
-//! Steps other than the one being checked are mounted too, as recorded; errors that only
-//! concern what a later step will write (a module no step has written yet, a later step's
-//! file) are put off rather than blamed on this step ([`Later`]).
+//! # What a check sees of the rest of the chain
+//!
+//! A step's candidate tree holds the files of its *dependencies* (the steps it runs after,
+//! transitively; see [`crate::graph`]) as they stand in this run, and the step's own. The
+//! crate compiles every step's files, so a crate check also mounts, beneath the candidate,
+//! the recorded files of the chain's *other* steps: every step that is neither the step nor
+//! one of its dependencies, that is its dependents and the steps independent of it
+//! (`generate::the_rest_of_the_chain`). They are taken as recorded *before* the run began,
+//! not as steps finish during it, so what a check sees does not depend on which independent
+//! steps happened to finish first. Errors that only concern what those other steps own (their
+//! files, or a module that one of them declares and none has written yet) are put off rather
+//! than blamed on this step ([`Later`]); in a chain without `after`, the other steps are the
+//! steps after it in id order, as before.
+//!
+//! A check that could only run in part is run again on the whole tree once every step is done
+//! (`generate::check_in_full`). So is every check of the run when no single step that ran has
+//! all the other steps that ran among its dependencies (two independent steps, say): no check
+//! then saw the whole tree as it ends. In a line, the last step that ran always has.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -122,14 +137,16 @@ pub struct CheckSetup<'a> {
     pub step: &'a StepConfig,
     /// The step's scratch folder (the `rustc` check keeps its crate root there).
     pub scratch: PathBuf,
-    /// The recorded files of the chain's other steps, mounted beneath the candidate tree.
+    /// The recorded files of the chain's other steps (neither this step nor one it runs after),
+    /// mounted beneath the candidate tree.
     pub mounted: Files,
-    /// What steps after this one own.
+    /// What those other steps own.
     pub later: Later,
 }
 
-/// What the steps after the one being checked own: errors that concern only these are put
-/// off, not blamed on the step.
+/// What the chain's other steps own (the steps that are neither the one being checked nor
+/// among the steps it runs after): errors that concern only these are put off, not blamed on
+/// the step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Later {
     /// Generated files by path, with the step that writes them.
@@ -141,8 +158,8 @@ pub struct Later {
 
 impl Later {
     /// The step to which `diagnostic` belongs instead of the step being checked, if any: its
-    /// primary span is in a later step's file, or it is a name-resolution error about a
-    /// module a later step will write.
+    /// primary span is in another step's file, or it is a name-resolution error about a
+    /// module another step will write.
     fn owner(&self, diagnostic: &Diagnostic, map: &PathMap) -> Option<&str> {
         for span in diagnostic.spans.iter().filter(|s| s.is_primary) {
             if let Place::Generated(path) = map.place(&span.file_name)

@@ -32,6 +32,8 @@
 //! store = "repo"                        # "repo" (default): files in promptgen/ | "cache": files in
 //!                                       # the content-addressed cache, the lock alone committed
 //! cache_url = "s3://bucket/prefix"      # optional: the cache's shared S3 remote (push, pull)
+//! jobs = 1                              # optional, >= 1: steps `cargo promptgen` runs at once
+//!                                       # (default 1; PROMPTGEN_JOBS and --jobs beat it)
 //!
 //! [[package.metadata.promptgen.steps]]
 //! id = "01"                             # required, unique, [A-Za-z0-9_-]+
@@ -39,12 +41,20 @@
 //! outputs = ["view.rs"]                 # optional relative forward-slash paths
 //! inputs = ["src/domain.rs", "src"]     # optional existing files or folders
 //! script = "../prompts/scripts/01.toml" # canned turns; required with backend "scripted"
+//! after = ["01", "03"]                  # optional: the steps whose outputs this one builds on
+//!                                       # ([] for none; default: the step before it in id order)
 //! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
 //! # system_prompt, check, check_rounds, seed_retries
 //! ```
 //!
-//! `store` and `cache_url` never change a step's key: switching stores leaves the lock as it
-//! is. The cache folder is `PROMPTGEN_CACHE_DIR` (an absolute path), else the user's cache
+//! `store`, `cache_url` and `jobs` never change a step's key: switching stores leaves the lock
+//! as it is.
+//!
+//! `after` makes the chain a graph ([`crate::graph`]): every id it names must be a step of the
+//! chain other than the step itself, the steps may not wait for each other in a cycle, and two
+//! steps of which neither runs after the other (transitively) may not declare the same output
+//! file. A step without `after` runs after the step before it in id order (the first step after
+//! none), so chains written before `after` existed keep their meaning and their keys. The cache folder is `PROMPTGEN_CACHE_DIR` (an absolute path), else the user's cache
 //! folder (see [`crate::cache::default_dir`]); `store = "cache"` without either is an error.
 //!
 //! `[workspace.metadata.promptgen]` may set every chain-level key except `steps`; its file
@@ -62,7 +72,7 @@
 //! # Precedence
 //!
 //! Strongest first: the command line ([`Overrides`]); `PROMPTGEN_BACKEND`, `PROMPTGEN_MODEL`,
-//! `PROMPTGEN_BASE_URL`; the backend's own variables (`OLLAMA_HOST` for `ollama`, normalised
+//! `PROMPTGEN_BASE_URL`, `PROMPTGEN_JOBS`; the backend's own variables (`OLLAMA_HOST` for `ollama`, normalised
 //! like Ollama's client does; `OPENAI_BASE_URL` and `OPENAI_API_KEY` for `openai`); the step's
 //! own value; the package's chain-level value; the workspace's; the default. Empty (or
 //! whitespace-only) flags and variables count as unset. Each resolved backend, model and base
@@ -105,6 +115,7 @@ use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, openai};
 use codegen_core::sandbox::{SandboxError, input_files};
 
 use crate::cache::{CACHE_DIR_VAR, CacheUrl};
+use crate::graph::Graph;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
@@ -116,6 +127,8 @@ pub const ENV_VARS: &[&str] = &[
     "PROMPTGEN_BACKEND",
     "PROMPTGEN_MODEL",
     "PROMPTGEN_BASE_URL",
+    // Not used by builds, but a value that is not a number fails the load.
+    "PROMPTGEN_JOBS",
     "OLLAMA_HOST",
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
@@ -194,8 +207,8 @@ macro_rules! with_shared_keys {
 }
 
 const TEMPERATURE_EXPECTED: &str = "a number from 0 to 2 (e.g. 0.0)";
-const CHECK_EXPECTED: &str =
-    "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings (e.g. [\"make\", \"lint\"])";
+const JOBS_EXPECTED: &str = "a positive integer (the steps `cargo promptgen` runs at once, e.g. 4)";
+const CHECK_EXPECTED: &str = "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings (e.g. [\"make\", \"lint\"])";
 const CACHE_URL_EXPECTED: &str = "an S3 URL such as \"s3://my-bucket/promptgen\" (a bucket of 3 to 63 lower-case letters, \
      digits, dots and hyphens, and an optional key prefix)";
 
@@ -245,6 +258,8 @@ with_shared_keys! {
         store: StoreMode => one_of::<StoreMode>(),
         /// The cache's shared S3 remote.
         cache_url: String => CACHE_URL_EXPECTED,
+        /// Steps run at once.
+        jobs: NonZeroU32 => JOBS_EXPECTED,
         /// The chain's steps.
         steps: Vec<Spanned<StepTable>> => "an array of tables (`[[package.metadata.promptgen.steps]]`)",
     }
@@ -264,12 +279,17 @@ with_shared_keys! {
         inputs: Vec<Spanned<String>> => "an array of files or folders, e.g. [\"src/domain.rs\"]",
         /// Canned turns for the `scripted` backend.
         script: String => "a string (a file, relative to the package folder)",
+        /// The steps whose outputs this one builds on.
+        after: Vec<Spanned<String>> => "an array of step ids, e.g. [\"01\", \"03\"] ([] for none)",
     }
 }
 
 /// `check` as written: a word or a command.
 #[derive(Debug, Deserialize)]
-#[serde(untagged, expecting = "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings")]
+#[serde(
+    untagged,
+    expecting = "\"cargo check\", \"cargo test\", \"rustc\", \"none\", or a command as an array of strings"
+)]
 enum CheckValue {
     Word(String),
     Command(Vec<String>),
@@ -403,6 +423,8 @@ pub struct Overrides {
     pub model: Option<String>,
     /// `--base-url`: the server's URL.
     pub base_url: Option<String>,
+    /// `--jobs`: the steps `cargo promptgen` runs at once.
+    pub jobs: Option<NonZeroU32>,
     /// The workspace root, when the caller knows it better than a search of the folders (the
     /// `cargo promptgen` binary passes the one `cargo metadata` reports). `None`: found by
     /// cargo's rule.
@@ -484,8 +506,13 @@ pub struct Chain {
     /// says `edition.workspace = true`; `2015` when absent, as cargo does).
     pub edition: String,
     /// The steps, sorted by id in plain string (byte) order: `"01" < "02" < "10" < "a"`, so
-    /// zero-padded numeric ids run in numeric order.
+    /// zero-padded numeric ids come in numeric order.
     pub steps: Vec<StepConfig>,
+    /// Which steps run after which: [`StepConfig::after`] by index into [`Chain::steps`].
+    pub graph: Graph,
+    /// The steps `cargo promptgen` runs at once (`--jobs`, `PROMPTGEN_JOBS`, `jobs`; default
+    /// [`Chain::DEFAULT_JOBS`]). A build script runs its steps one at a time.
+    pub jobs: usize,
     /// Where the outputs the lock records are kept (`store`, default [`StoreMode::Repo`]).
     pub store: StoreMode,
     /// The cache folder the environment names ([`crate::cache::default_dir`]); always set
@@ -496,6 +523,16 @@ pub struct Chain {
 }
 
 impl Chain {
+    /// Steps run at once unless `jobs` says otherwise: one, because a local server (Ollama,
+    /// llama.cpp's server) often serves one request at a time, and a second request would wait
+    /// behind the first with its first-byte limit running.
+    pub const DEFAULT_JOBS: usize = 1;
+
+    /// The index of the step with this id in [`Chain::steps`] (and in [`Chain::graph`]).
+    pub fn index(&self, id: &str) -> Option<usize> {
+        self.steps.binary_search_by(|s| s.id.as_str().cmp(id)).ok()
+    }
+
     /// The backend configuration for `step`: this chain's backend, URL, key, context window
     /// and request timeout, and the step's script.
     pub fn backend_config(&self, step: &StepConfig) -> BackendConfig {
@@ -511,7 +548,7 @@ impl Chain {
 
     /// The step with this id.
     pub fn step(&self, id: &str) -> Option<&StepConfig> {
-        self.steps.iter().find(|s| s.id == id)
+        self.index(id).map(|i| &self.steps[i])
     }
 
     /// The URL the backend will talk to: [`Chain::base_url`], else the backend's default
@@ -568,6 +605,11 @@ pub struct StepConfig {
     pub check_rounds: u32,
     /// Runs with the next seed after a run that failed its budget or its check.
     pub seed_retries: u32,
+    /// The steps it runs directly after, in id order: its `after`, else the step before it in
+    /// id order (none for the first).
+    pub after: Vec<String>,
+    /// Whether the manifest declares its `after` (else it is the step before it).
+    pub after_declared: bool,
 }
 
 /// The check a step's output must pass: `check = "cargo check"`, `"cargo test"`, `"rustc"`,
@@ -770,6 +812,62 @@ pub enum ConfigError {
         /// The key of the first use.
         first_key: String,
     },
+    /// `after` names a step the chain does not have.
+    #[error("`{}:{at}`: `{key}`: step `{step}` runs after `{after}`, but there is no step `{after}`; the steps are: {}.", file.display(), known.join(", "))]
+    UnknownAfter {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the id in `after`).
+        at: Location,
+        /// The full key (`...steps[2].after[0]`).
+        key: String,
+        /// The step that declares it.
+        step: String,
+        /// The id it names.
+        after: String,
+        /// The ids there are.
+        known: Vec<String>,
+    },
+    /// A step names itself in its own `after`.
+    #[error("`{}:{at}`: `{key}`: step `{step}` names itself in `after`, but a step cannot run after itself; remove \"{step}\" from it.", file.display())]
+    AfterItself {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the id in `after`).
+        at: Location,
+        /// The full key.
+        key: String,
+        /// The step.
+        step: String,
+    },
+    /// Steps wait for each other in a cycle, so none of them can start.
+    #[error("`{}:{at}`: `{key}`: steps wait for each other in a cycle, so none of them can start: {}. Remove one of these from an `after` (a step without `after` runs after the step before it in id order).", file.display(), describe_cycle(cycle))]
+    Cycle {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (an id in `after` that closes the cycle).
+        at: Location,
+        /// The full key of that id.
+        key: String,
+        /// The cycle: each link's step runs after the next link's step, the last after the first.
+        cycle: Vec<CycleLink>,
+    },
+    /// Two steps of which neither runs after the other declare the same output.
+    #[error("`{}:{at}`: `{key}` = {path:?}: steps `{first}` and `{second}` both declare `{path}`, and neither runs after the other, so which of their files the crate gets would depend on which ran last. Make one run after the other (e.g. `after = [\"{first}\"]` in step `{second}`), or give each its own file.", file.display())]
+    SharedOutput {
+        /// The manifest.
+        file: PathBuf,
+        /// Where (the second step's output).
+        at: Location,
+        /// The full key of the second step's output.
+        key: String,
+        /// The output, as normalised.
+        path: String,
+        /// The step that declares it first (in id order).
+        first: String,
+        /// The other.
+        second: String,
+    },
     /// A file the declaration names does not exist.
     #[error("`{}:{at}`: `{key}`: the {what}, `{}`, does not exist (paths are relative to `{}`).", file.display(), path.display(), relative_to.display())]
     FileNotFound {
@@ -913,6 +1011,34 @@ pub enum ConfigError {
     },
 }
 
+/// One link of a [`ConfigError::Cycle`]: `step` runs after the next link's step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CycleLink {
+    /// The step.
+    pub step: String,
+    /// Whether it runs after the next step because it declares no `after` (the next is the
+    /// step before it in id order) rather than by its own `after`.
+    pub implicit: bool,
+}
+
+/// `01 runs after 03, 03 runs after 02 (the step before it: it declares no `after`), and 02
+/// runs after 01`.
+fn describe_cycle(cycle: &[CycleLink]) -> String {
+    let links: Vec<String> = cycle
+        .iter()
+        .zip(cycle.iter().cycle().skip(1))
+        .map(|(link, next)| {
+            let why = if link.implicit { " (the step before it: it declares no `after`)" } else { "" };
+            format!("{} runs after {}{why}", link.step, next.step)
+        })
+        .collect();
+    match links.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
+    }
+}
+
 /// ``step `02` sets`` or ``steps `02`, `03` set``.
 fn steps_without_model(ids: &[String]) -> String {
     let list = ids.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ");
@@ -934,6 +1060,10 @@ impl ConfigError {
             | ConfigError::SetTwice { file, .. }
             | ConfigError::Missing { file, .. }
             | ConfigError::DuplicateId { file, .. }
+            | ConfigError::UnknownAfter { file, .. }
+            | ConfigError::AfterItself { file, .. }
+            | ConfigError::Cycle { file, .. }
+            | ConfigError::SharedOutput { file, .. }
             | ConfigError::FileNotFound { file, .. }
             | ConfigError::Unreadable { file, .. }
             | ConfigError::InputLink { file, .. }
@@ -960,6 +1090,10 @@ impl ConfigError {
             | ConfigError::SetTwice { key, .. }
             | ConfigError::Missing { key, .. }
             | ConfigError::DuplicateId { key, .. }
+            | ConfigError::UnknownAfter { key, .. }
+            | ConfigError::AfterItself { key, .. }
+            | ConfigError::Cycle { key, .. }
+            | ConfigError::SharedOutput { key, .. }
             | ConfigError::FileNotFound { key, .. }
             | ConfigError::Unreadable { key, .. }
             | ConfigError::InputLink { key, .. }
@@ -987,6 +1121,10 @@ impl ConfigError {
             | ConfigError::SetTwice { at, .. }
             | ConfigError::Missing { at, .. }
             | ConfigError::DuplicateId { at, .. }
+            | ConfigError::UnknownAfter { at, .. }
+            | ConfigError::AfterItself { at, .. }
+            | ConfigError::Cycle { at, .. }
+            | ConfigError::SharedOutput { at, .. }
             | ConfigError::FileNotFound { at, .. }
             | ConfigError::Unreadable { at, .. }
             | ConfigError::InputLink { at, .. }
@@ -1428,13 +1566,32 @@ pub fn load(
     let request_timeout = pick(&layers, |t| value(&t.request_timeout_secs))
         .map_or(HttpConfig::default().request_timeout, |(secs, _)| Duration::from_secs(secs.get()));
 
+    let jobs = if let Some(jobs) = overrides.jobs {
+        jobs.get()
+    } else if let Some(value) = var("PROMPTGEN_JOBS") {
+        value
+            .parse::<NonZeroU32>()
+            .map_err(|_| ConfigError::Env {
+                file: file.into(),
+                key: "PROMPTGEN_JOBS".into(),
+                value: value.clone(),
+                expected: JOBS_EXPECTED.into(),
+            })?
+            .get()
+    } else {
+        pick(&layers, |t| value(&t.jobs)).map_or(Chain::DEFAULT_JOBS as u32, |(jobs, _)| jobs.get())
+    };
+    let jobs = usize::try_from(jobs).unwrap_or(usize::MAX);
+
     let model_override = flag(&overrides.model)
         .map(|m| (m, Origin::Flag))
         .or_else(|| var("PROMPTGEN_MODEL").map(|m| (m, Origin::Env("PROMPTGEN_MODEL"))));
 
     let mut steps = Vec::with_capacity(declared.len());
     let mut without_model = Vec::new();
+    let mut graph_decls = Vec::with_capacity(declared.len());
     for step in declared {
+        graph_decls.push(step.graph);
         // The step's own value, else the first chain-level layer's.
         let own = &step.shared;
         macro_rules! layered {
@@ -1479,6 +1636,9 @@ pub fn load(
             outputs: step.outputs,
             inputs: step.inputs,
             script: step.script,
+            // Set with the graph, once every step is known.
+            after: Vec::new(),
+            after_declared: false,
         });
     }
     if !without_model.is_empty() {
@@ -1490,6 +1650,7 @@ pub fn load(
         });
     }
     steps.sort_by(|a, b| a.id.cmp(&b.id));
+    let graph = resolve_graph(file, &mut steps, graph_decls)?;
     let edition = package_edition(&src, package.get_ref(), workspace_table.map(|(_, table, _)| table))?;
 
     // Where the outputs live, and the cache folder (needed in cache mode, and to switch to it).
@@ -1523,6 +1684,8 @@ pub fn load(
         request_timeout,
         edition,
         steps,
+        graph,
+        jobs,
         store,
         cache_dir,
         cache_url,
@@ -1792,6 +1955,23 @@ struct DeclaredStep {
     inputs: Vec<Input>,
     script: Option<PathBuf>,
     shared: Shared,
+    graph: GraphDecl,
+}
+
+/// What a step declares of the graph, with the places to point at.
+struct GraphDecl {
+    id: String,
+    /// `after`, when declared: each id with its place and key.
+    after: Option<Vec<Named>>,
+    /// The place and key of each output, in the order of [`DeclaredStep::outputs`].
+    outputs_at: Vec<(Location, String)>,
+}
+
+/// A step id as written in `after`.
+struct Named {
+    id: String,
+    at: Location,
+    key: String,
 }
 
 fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<DeclaredStep>, ConfigError> {
@@ -1842,6 +2022,16 @@ fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<Declare
         let script = table.script.as_ref().map(|s| ctx.existing_file("script", s, &what("script"))).transpose()?;
         let outputs = ctx.outputs(table.outputs.as_ref().map_or(&[], |l| l.get_ref()))?;
         let inputs = ctx.inputs(table.inputs.as_ref().map_or(&[], |l| l.get_ref()), &id)?;
+        let places = |list: &[Spanned<String>], name: &str| -> Vec<(Location, String)> {
+            list.iter().enumerate().map(|(j, v)| (ctx.src.at_span(v), ctx.key(&format!("{name}[{j}]")))).collect()
+        };
+        let after = table.after.as_ref().map(|list| {
+            let list = list.get_ref();
+            let places = places(list, "after");
+            list.iter().zip(places).map(|(id, (at, key))| Named { id: id.get_ref().clone(), at, key }).collect()
+        });
+        let outputs_at = places(table.outputs.as_ref().map_or(&[], |l| l.get_ref()), "outputs");
+        let graph = GraphDecl { id: id.clone(), after, outputs_at };
         steps.push(DeclaredStep {
             key: ctx.prefix.clone(),
             at: ctx.src.at_span(step),
@@ -1852,9 +2042,94 @@ fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<Declare
             inputs,
             script,
             shared,
+            graph,
         });
     }
     Ok(steps)
+}
+
+/// Resolves each step's `after` into [`StepConfig::after`] and the chain's [`Graph`]: an id
+/// `after` names must be another step of the chain, the steps may not wait for each other in a
+/// cycle, and an output may not be declared by two steps of which neither runs after the other.
+/// `steps` are in id order; `declared` says what each declares, by id.
+fn resolve_graph(file: &Path, steps: &mut [StepConfig], declared: Vec<GraphDecl>) -> Result<Graph, ConfigError> {
+    let ids: Vec<String> = steps.iter().map(|s| s.id.clone()).collect();
+    let index = |id: &str| ids.binary_search_by(|s| s.as_str().cmp(id)).ok();
+    let declared: BTreeMap<String, GraphDecl> = declared.into_iter().map(|d| (d.id.clone(), d)).collect();
+    let decl = |i: usize| declared.get(&ids[i]);
+    let mut after = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter_mut().enumerate() {
+        let deps = match decl(i).and_then(|d| d.after.as_ref()) {
+            None => i.checked_sub(1).into_iter().collect(),
+            Some(list) => {
+                let mut deps: Vec<usize> = Vec::with_capacity(list.len());
+                for named in list {
+                    let (at, key) = (named.at, named.key.clone());
+                    if named.id == step.id {
+                        return Err(ConfigError::AfterItself { file: file.into(), at, key, step: step.id.clone() });
+                    }
+                    let Some(dep) = index(&named.id) else {
+                        return Err(ConfigError::UnknownAfter {
+                            file: file.into(),
+                            at,
+                            key,
+                            step: step.id.clone(),
+                            after: named.id.clone(),
+                            known: ids.clone(),
+                        });
+                    };
+                    if deps.contains(&dep) {
+                        return Err(ConfigError::InvalidValue {
+                            file: file.into(),
+                            at,
+                            key,
+                            value: format!("{:?}", named.id),
+                            expected: "each step id once in `after`".into(),
+                        });
+                    }
+                    deps.push(dep);
+                }
+                deps.sort_unstable();
+                deps
+            }
+        };
+        step.after_declared = decl(i).is_some_and(|d| d.after.is_some());
+        step.after = deps.iter().map(|&d| ids[d].clone()).collect();
+        after.push(deps);
+    }
+    let graph = Graph::new(after).map_err(|cycle| {
+        let links: Vec<CycleLink> =
+            cycle.iter().map(|&i| CycleLink { step: ids[i].clone(), implicit: !steps[i].after_declared }).collect();
+        // Point at an id in `after` that closes the cycle (an implicit link goes to a lower id,
+        // so a cycle has at least one declared link).
+        let place = cycle.iter().zip(cycle.iter().cycle().skip(1)).find_map(|(&step, &next)| {
+            let list = decl(step)?.after.as_ref()?;
+            list.iter().find(|named| named.id == ids[next]).map(|named| (named.at, named.key.clone()))
+        });
+        let (at, key) = place.unwrap_or((Location { line: 1, column: 1 }, format!("{PACKAGE_PREFIX}.steps")));
+        ConfigError::Cycle { file: file.into(), at, key, cycle: links }
+    })?;
+    let mut owners: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        for (k, output) in step.outputs.iter().enumerate() {
+            let earlier = owners.entry(output.as_str()).or_default();
+            if let Some(&first) = earlier.iter().find(|&&j| graph.independent(i, j)) {
+                let (at, key) = decl(i)
+                    .and_then(|d| d.outputs_at.get(k).cloned())
+                    .unwrap_or((Location { line: 1, column: 1 }, format!("{PACKAGE_PREFIX}.steps")));
+                return Err(ConfigError::SharedOutput {
+                    file: file.into(),
+                    at,
+                    key,
+                    path: output.clone(),
+                    first: ids[first].clone(),
+                    second: step.id.clone(),
+                });
+            }
+            earlier.push(i);
+        }
+    }
+    Ok(graph)
 }
 
 /// `package.edition`, or the workspace's `workspace.package.edition` when the package

@@ -1,7 +1,8 @@
-//! Running steps: each in a scratch copy of the tree the steps before it produced, then
-//! recording the result, one step at a time.
+//! Running steps: each in a scratch copy of the tree the steps it runs after produced, up to
+//! `jobs` at a time, then recording each result as it comes, one at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use codegen_core::check::CheckOutcome;
@@ -11,10 +12,11 @@ use codegen_core::transcript::{Event, Volatility};
 use crate::check::{CheckSetup, Later, check_for};
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::Error;
+use crate::graph::Graph;
 use crate::layout::Layout;
-use crate::lock::{sha256_hex, Lock, LockedFile, LockedStep};
-use crate::plan::{assess, Assessed, Previous, Records, StepState};
+use crate::lock::{Lock, LockedFile, LockedStep, sha256_hex};
 use crate::out_dir::sync_dir;
+use crate::plan::{Assessed, Records, StepState, Upstream, assess};
 use crate::store::{Files, Storage};
 
 /// Where regenerated steps are recorded.
@@ -58,6 +60,13 @@ pub enum Progress {
         /// Time since the step started.
         elapsed: Duration,
     },
+    /// A step failed: nothing of it is recorded, and the steps after it will not run.
+    StepFailed {
+        /// The step.
+        id: String,
+        /// Why, with its causes.
+        error: String,
+    },
     /// A step finished and was recorded.
     StepDone {
         /// The step.
@@ -72,33 +81,110 @@ pub enum Progress {
 }
 
 /// The chain after a run: every step's record and the tree they produce together.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ChainResult {
-    /// Each step's usable record, in order.
+    /// Each step's usable record, in the chain's (id) order; a step that failed or was
+    /// skipped has none.
     pub steps: Vec<(LockedStep, StepState)>,
-    /// Steps that ran in this call.
+    /// Steps that ran and were recorded in this call, in the order they finished.
     pub regenerated: Vec<String>,
     /// Steps whose results a build had left pending, recorded by this call.
     pub accepted: Vec<String>,
     /// Steps the lock recorded that the manifest no longer declares, removed by this call.
     pub removed: Vec<String>,
-    /// The tree after the last step.
+    /// Steps that failed, in the order they failed; nothing of them was recorded.
+    pub failed: Vec<FailedStep>,
+    /// Steps that did not run because a step they run after (transitively) failed, in the
+    /// chain's order.
+    pub skipped: Vec<SkippedStep>,
+    /// The tree of every usable record, each step's files over those of the steps it runs
+    /// after.
     pub tree: Files,
 }
 
-/// Brings every step of the chain up to date at `destination`: stale steps (and those in
-/// `forced`) run, each recorded as soon as it succeeds; fresh steps are taken as recorded;
-/// and results a build left in the pending area are recorded too when `destination` is
-/// [`Destination::Committed`] (as `accept` would). A failing step stops the chain; steps
-/// recorded before it stay recorded, and nothing of the failing step is.
+impl ChainResult {
+    /// The error to give for the failed steps, if any: the first failure's. (The other
+    /// failures and the skipped steps are in [`ChainResult::failed`] and
+    /// [`ChainResult::skipped`].)
+    pub fn into_failure(self) -> Result<ChainResult, Error> {
+        if self.failed.is_empty() {
+            return Ok(self);
+        }
+        let mut failed = self.failed;
+        Err(failed.swap_remove(0).error)
+    }
+}
+
+/// A step that failed: nothing of it was recorded.
+#[derive(Debug)]
+pub struct FailedStep {
+    /// The step.
+    pub id: String,
+    /// Why.
+    pub error: Error,
+}
+
+/// A step that did not run because a step it runs after failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedStep {
+    /// The step.
+    pub id: String,
+    /// The failed steps it runs after, directly or not, in the chain's order.
+    pub failed: Vec<String>,
+}
+
+/// Where a step is in a run.
+enum Slot {
+    /// Not ready yet, or ready and not assessed yet, or waiting for a free job.
+    Waiting,
+    /// Running on a thread of its own since then.
+    Running(Instant),
+    /// Done: its usable record, its files and their state.
+    Done { entry: Box<LockedStep>, files: Files, state: StepState },
+    /// Failed, or skipped because a step it runs after failed.
+    Stopped,
+}
+
+impl Slot {
+    fn entry(&self) -> Option<&LockedStep> {
+        match self {
+            Slot::Done { entry, .. } => Some(entry),
+            _ => None,
+        }
+    }
+}
+
+/// What a step's thread tells the thread that records.
+enum Message {
+    Progress(Progress),
+    Finished(usize, Box<std::thread::Result<Result<Ran, Error>>>),
+}
+
+/// Brings every step of the chain up to date at `destination`, running up to `jobs` steps at
+/// once: a stale step (or one in `forced`) runs once the steps it runs after are done, in a
+/// scratch tree holding their files and nothing else, and is recorded as soon as it succeeds;
+/// fresh steps are taken as recorded; and results a build left in the pending area are
+/// recorded too when `destination` is [`Destination::Committed`] (as `accept` would).
+///
+/// A failing step records nothing of itself and stops the steps that run after it, which are
+/// [`ChainResult::skipped`]; steps independent of it go on, and are recorded. The result lists
+/// the failures ([`ChainResult::into_failure`] turns them into the error). `Err` is for what
+/// stops the whole run (the lock or the store cannot be written): no step starts after it,
+/// and the results of the steps still running are not recorded.
+///
+/// Only the calling thread reads and writes the lock and the store, one step at a time; the
+/// steps' model calls and checks run on threads of their own, and their [`Progress`] comes to
+/// `progress` on the calling thread. Which steps run at the same time changes nothing a step
+/// sees ([`the_rest_of_the_chain`]), so results do not depend on `jobs`.
 pub fn bring_up_to_date(
     chain: &Chain,
     layout: &Layout,
     forced: &[String],
     destination: Destination,
+    jobs: usize,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<ChainResult, Error> {
-    let mut records = Records::read(layout)?;
+    let records = Records::read(layout)?;
     let order: Vec<String> = chain.steps.iter().map(|s| s.id.clone()).collect();
     let (target_lock_path, target_store) = match destination {
         Destination::Committed => (layout.lock_path(), layout.committed()?),
@@ -109,93 +195,264 @@ pub fn bring_up_to_date(
         Destination::Committed => records.lock.clone(),
         Destination::Pending => records.pending.clone().unwrap_or_else(|| records.lock.clone()),
     };
+    let graph = &chain.graph;
+    let count = chain.steps.len();
     let mut result = ChainResult {
         steps: Vec::new(),
         regenerated: Vec::new(),
         accepted: Vec::new(),
         removed: Vec::new(),
+        failed: Vec::new(),
+        skipped: Vec::new(),
         tree: Files::new(),
     };
-    // Each step's files as recorded now, read when a step first needs the rest of the chain
-    // mounted for its check; updated as steps run.
+    let mut slots: Vec<Slot> = (0..count).map(|_| Slot::Waiting).collect();
+    // How many of the steps each step runs after are not done yet.
+    let mut waiting: Vec<usize> = (0..count).map(|i| graph.after(i).len()).collect();
+    // Steps whose dependencies are done, to assess, by their place in the graph's order.
+    let mut ready: BTreeSet<(usize, usize)> =
+        (0..count).filter(|&i| waiting[i] == 0).map(|i| (graph.rank(i), i)).collect();
+    // Stale steps waiting for a free job, by their place in the graph's order.
+    let mut queued: BTreeMap<usize, (usize, Assessed)> = BTreeMap::new();
+    // The failed steps each skipped step runs after.
+    let mut skipped: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    // Each step's files as recorded before this run, read when a step first needs the rest of
+    // the chain mounted for its check. Not updated as steps finish: what a step's check mounts
+    // must not depend on which independent steps happened to finish first.
     let mut recorded: Option<BTreeMap<String, Files>> = None;
     // Steps whose check could only run in part, to run in full once the chain is complete.
     let mut put_off = Vec::new();
-    for (index, step) in chain.steps.iter().enumerate() {
-        let previous = match result.steps.last() {
-            None => Previous::First,
-            Some((entry, _)) => Previous::Recorded(entry),
-        };
-        let force = forced.iter().any(|id| id == &step.id);
-        let assessed = assess(chain, step, previous, &records, force)?;
-        let (entry, files, state) = match assessed.state.clone() {
-            StepState::Stale(reasons) => {
-                progress(Progress::StepStarted { id: step.id.clone(), reasons: reasons.clone() });
-                let started = Instant::now();
-                let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));
-                let (mounted, later) = the_rest_of_the_chain(chain, index, recorded);
-                let ran = run_step(chain, layout, step, &assessed, &result.tree, mounted, later, progress)?;
-                recorded.insert(step.id.clone(), ran.files.clone());
-                if ran.put_off {
-                    put_off.push(step);
-                }
-                target_store.save(&ran.entry, &ran.files, Some(&ran.transcript))?;
-                target_lock.upsert(ran.entry.clone(), &order);
-                target_lock.write(&target_lock_path)?;
-                result.regenerated.push(step.id.clone());
-                progress(Progress::StepDone {
-                    id: step.id.clone(),
-                    entry: Box::new(ran.entry.clone()),
-                    notes: ran.notes,
-                    elapsed: started.elapsed(),
-                });
-                let state = match destination {
-                    Destination::Committed => StepState::Fresh,
-                    Destination::Pending => StepState::Pending,
-                };
-                (ran.entry, ran.files, state)
-            }
-            state => {
-                let entry = assessed.entry.clone().expect("a usable step has its entry");
-                match (destination, &state) {
-                    // Keep the pending lock whole: it is accepted as one.
-                    (Destination::Pending, StepState::Fresh) => target_lock.upsert(entry.clone(), &order),
-                    // A build already made this result: record it as `accept` would.
-                    (Destination::Committed, StepState::Pending) => {
-                        records.pending_store.copy_step(&entry, &assessed.files, &target_store)?;
-                        target_lock.upsert(entry.clone(), &order);
-                        target_lock.write(&target_lock_path)?;
-                        result.accepted.push(step.id.clone());
+    let mut fatal: Option<Error> = None;
+    let (sender, receiver) = mpsc::channel::<Message>();
+
+    std::thread::scope(|scope| {
+        let mut running = 0;
+        loop {
+            // Assess every step whose dependencies are done: fresh ones are taken at once, and
+            // release the steps after them; stale ones wait for a job.
+            while fatal.is_none()
+                && let Some((rank, index)) = ready.pop_first()
+            {
+                let step = &chain.steps[index];
+                let upstream =
+                    Upstream::Recorded(graph.after(index).iter().filter_map(|&d| slots[d].entry()).collect());
+                let force = forced.iter().any(|id| id == &step.id);
+                let assessed = match assess(chain, step, &upstream, &records, force) {
+                    Ok(assessed) => assessed,
+                    Err(error) => {
+                        stop(chain, index, error, &mut slots, &mut skipped, &mut result, progress);
+                        continue;
                     }
-                    _ => {}
+                };
+                if let StepState::Stale(_) = assessed.state {
+                    queued.insert(rank, (index, assessed));
+                    continue;
+                }
+                let state = assessed.state.clone();
+                let entry = assessed.entry.clone().expect("a usable step has its entry");
+                let recording = match (destination, &state) {
+                    // Keep the pending lock whole: it is accepted as one.
+                    (Destination::Pending, StepState::Fresh) => {
+                        target_lock.upsert(entry.clone(), &order);
+                        Ok(())
+                    }
+                    // A build already made this result: record it as `accept` would.
+                    (Destination::Committed, StepState::Pending) => records
+                        .pending_store
+                        .copy_step(&entry, &assessed.files, &target_store)
+                        .and_then(|()| {
+                            target_lock.upsert(entry.clone(), &order);
+                            target_lock.write(&target_lock_path)
+                        })
+                        .map(|()| result.accepted.push(step.id.clone())),
+                    _ => Ok(()),
+                };
+                if let Err(error) = recording {
+                    fatal = Some(error);
+                    break;
                 }
                 let state = if destination == Destination::Committed { StepState::Fresh } else { state };
-                (entry, assessed.files.clone(), state)
+                slots[index] = Slot::Done { entry: Box::new(entry), files: assessed.files, state };
+                release(graph, index, &mut waiting, &mut ready);
             }
-        };
-        for (path, bytes) in &files {
-            result.tree.insert(path.clone(), bytes.clone());
+            // Start stale steps while there are free jobs.
+            while fatal.is_none()
+                && running < jobs.max(1)
+                && let Some((_, (index, assessed))) = queued.pop_first()
+            {
+                let step = &chain.steps[index];
+                if let StepState::Stale(reasons) = &assessed.state {
+                    progress(Progress::StepStarted { id: step.id.clone(), reasons: reasons.clone() });
+                }
+                let tree = tree_of(graph, &graph.dependencies(index), &slots);
+                let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));
+                let (mounted, later) = the_rest_of_the_chain(chain, index, recorded);
+                let sender = sender.clone();
+                slots[index] = Slot::Running(Instant::now());
+                running += 1;
+                scope.spawn(move || {
+                    let mut forward = |p: Progress| {
+                        let _ = sender.send(Message::Progress(p));
+                    };
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_step(chain, layout, step, &assessed, &tree, mounted, later, &mut forward)
+                    }));
+                    let _ = sender.send(Message::Finished(index, Box::new(ran)));
+                });
+            }
+            if running == 0 {
+                break;
+            }
+            // The calling thread holds a sender, so this waits for a message, never for nothing.
+            let Ok(message) = receiver.recv() else { break };
+            let (index, ran) = match message {
+                Message::Progress(p) => {
+                    progress(p);
+                    continue;
+                }
+                Message::Finished(index, ran) => (index, ran),
+            };
+            running -= 1;
+            let ran = match *ran {
+                Ok(ran) => ran,
+                // A bug in a step's thread is a bug of the run: let it surface as one.
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            let ran = match ran {
+                Ok(ran) if fatal.is_none() => ran,
+                // The run is stopping: nothing more is recorded.
+                Ok(_) => continue,
+                Err(error) => {
+                    stop(chain, index, error, &mut slots, &mut skipped, &mut result, progress);
+                    continue;
+                }
+            };
+            let step = &chain.steps[index];
+            let recording = target_store.save(&ran.entry, &ran.files, Some(&ran.transcript)).and_then(|()| {
+                target_lock.upsert(ran.entry.clone(), &order);
+                target_lock.write(&target_lock_path)
+            });
+            if let Err(error) = recording {
+                fatal = Some(error);
+                continue;
+            }
+            if ran.put_off {
+                put_off.push(index);
+            }
+            let elapsed = match slots[index] {
+                Slot::Running(started) => started.elapsed(),
+                _ => Duration::ZERO,
+            };
+            result.regenerated.push(step.id.clone());
+            progress(Progress::StepDone {
+                id: step.id.clone(),
+                entry: Box::new(ran.entry.clone()),
+                notes: ran.notes,
+                elapsed,
+            });
+            let state = match destination {
+                Destination::Committed => StepState::Fresh,
+                Destination::Pending => StepState::Pending,
+            };
+            slots[index] = Slot::Done { entry: Box::new(ran.entry), files: ran.files, state };
+            release(graph, index, &mut waiting, &mut ready);
         }
-        result.steps.push((entry, state));
-        // Later steps see this step's results when they are assessed.
-        if destination == Destination::Pending {
-            records.pending = Some(target_lock.clone());
-        } else {
-            records.lock = target_lock.clone();
-        }
+    });
+    if let Some(error) = fatal {
+        return Err(error);
     }
-    for step in put_off {
-        check_in_full(chain, layout, step, &result.tree)?;
+    result.skipped = skipped
+        .into_iter()
+        .map(|(index, failed)| SkippedStep {
+            id: chain.steps[index].id.clone(),
+            failed: failed.into_iter().map(|f| chain.steps[f].id.clone()).collect(),
+        })
+        .collect();
+    result.tree = tree_of(graph, graph.order(), &slots);
+    result.steps = slots
+        .into_iter()
+        .filter_map(|slot| match slot {
+            Slot::Done { entry, state, .. } => Some((*entry, state)),
+            _ => None,
+        })
+        .collect();
+    if result.failed.is_empty() {
+        // A check mounts the steps its step does not run after as they were recorded before
+        // the run, so it judged the whole tree only if every step that ran is among its step's
+        // dependencies; in a line, the last step that ran is such a step. When none is, each
+        // step that ran is checked again on the whole tree, as are the checks put off.
+        let ran: Vec<usize> = result.regenerated.iter().filter_map(|id| chain.index(id)).collect();
+        let seen_whole = ran.iter().any(|&t| ran.iter().all(|&s| s == t || graph.depends_on(t, s)));
+        let mut again: Vec<usize> = ran
+            .iter()
+            .copied()
+            .filter(|&s| put_off.contains(&s) || (!seen_whole && chain.steps[s].check != CheckSpec::None))
+            .collect();
+        again.sort_by_key(|&s| graph.rank(s));
+        for index in again {
+            check_in_full(chain, layout, &chain.steps[index], &result.tree)?;
+        }
     }
     match destination {
         Destination::Pending if !result.regenerated.is_empty() => {
             target_lock.steps.retain(|s| order.contains(&s.id));
             target_lock.write(&target_lock_path)?;
         }
-        Destination::Committed => result.removed = forget_removed_steps(chain, layout, &mut target_lock)?,
-        Destination::Pending => {}
+        Destination::Committed if result.failed.is_empty() => {
+            result.removed = forget_removed_steps(chain, layout, &mut target_lock)?
+        }
+        Destination::Committed | Destination::Pending => {}
     }
     Ok(result)
+}
+
+/// Marks `index` done for the steps that run after it, and those left waiting for nothing
+/// ready.
+fn release(graph: &Graph, index: usize, waiting: &mut [usize], ready: &mut BTreeSet<(usize, usize)>) {
+    for &next in graph.dependents(index) {
+        waiting[next] -= 1;
+        if waiting[next] == 0 {
+            ready.insert((graph.rank(next), next));
+        }
+    }
+}
+
+/// Records that step `index` failed with `error`, and skips the steps that run after it.
+fn stop(
+    chain: &Chain,
+    index: usize,
+    error: Error,
+    slots: &mut [Slot],
+    skipped: &mut BTreeMap<usize, Vec<usize>>,
+    result: &mut ChainResult,
+    progress: &mut dyn FnMut(Progress),
+) {
+    let id = chain.steps[index].id.clone();
+    progress(Progress::StepFailed { id: id.clone(), error: crate::error::report(&error) });
+    result.failed.push(FailedStep { id, error });
+    slots[index] = Slot::Stopped;
+    for dependent in chain.graph.all_dependents(index) {
+        slots[dependent] = Slot::Stopped;
+        let failed = skipped.entry(dependent).or_default();
+        failed.push(index);
+        failed.sort_unstable();
+    }
+}
+
+/// The files of the done steps among `steps` (in the graph's order), each step's over those of
+/// the steps before it.
+fn tree_of(graph: &Graph, steps: &[usize], slots: &[Slot]) -> Files {
+    let mut ordered = steps.to_vec();
+    ordered.sort_by_key(|&s| graph.rank(s));
+    let mut tree = Files::new();
+    for index in ordered {
+        if let Slot::Done { files, .. } = &slots[index] {
+            for (path, bytes) in files {
+                tree.insert(path.clone(), bytes.clone());
+            }
+        }
+    }
+    tree
 }
 
 struct Ran {
@@ -221,13 +478,20 @@ pub fn recorded_files(chain: &Chain, records: &Records) -> BTreeMap<String, File
     recorded
 }
 
-/// For the check of step `index`: the recorded files of the steps after it, mounted beneath
-/// its candidate tree so that the crate is whole, and what those steps own, so that errors
-/// about them are not blamed on this step (a module no step has written yet included).
+/// For the check of step `index`: the recorded files of the chain's *other* steps (every step
+/// that is not among its dependencies, nor the step itself: its dependents and the steps
+/// independent of it), mounted beneath its candidate tree so that the crate is whole, and what
+/// those steps own, so that errors about them are not blamed on this step (a module no step
+/// has written yet included). Its dependencies' files are in its own tree already. See
+/// `check.rs`.
 pub fn the_rest_of_the_chain(chain: &Chain, index: usize, recorded: &BTreeMap<String, Files>) -> (Files, Later) {
     let mut mounted = Files::new();
     let mut later = Later::default();
-    for step in &chain.steps[index + 1..] {
+    let others = (0..chain.steps.len()).filter(|&other| other != index && !chain.graph.depends_on(index, other));
+    let mut others: Vec<usize> = others.collect();
+    // Where two of them hold a path, the one later in the graph's order wins, as in the crate.
+    others.sort_by_key(|&other| chain.graph.rank(other));
+    for step in others.into_iter().map(|other| &chain.steps[other]) {
         match recorded.get(&step.id) {
             Some(files) => {
                 for (path, bytes) in files {

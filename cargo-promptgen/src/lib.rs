@@ -1,12 +1,14 @@
 //! Prompt chains declared in Cargo metadata, compiled like any other build stage, and
 //! recorded in a committed lock so that builds are reproducible, offline and reviewable.
 //!
-//! A *chain* is a list of steps. Each step sends one prompt to a language model, which
+//! A *chain* is a graph of steps. Each step sends one prompt to a language model, which
 //! reads and writes files through tools (see [`codegen_core`]) until it declares itself
-//! done. Steps share one generated tree: step N sees what steps 1..N-1 wrote. The lock,
-//! `promptgen.lock`, records for each step a *key* (a hash of everything that can change its
-//! result) and the files it produced; the files themselves sit in `promptgen/<id>/` beside
-//! it. The lock is to prompts what `Cargo.lock` is to versions.
+//! done. A step runs after the steps it names in `after` (by default the step before it in id
+//! order, so a chain without `after` is a line) and sees what they wrote, transitively, and
+//! nothing else. The lock, `promptgen.lock`, records for each step a *key* (a hash of
+//! everything that can change its result, its dependencies' keys and files included) and the
+//! files it produced; the files themselves sit in `promptgen/<id>/` beside it. The lock is to
+//! prompts what `Cargo.lock` is to versions.
 //!
 //! # Using it in a crate
 //!
@@ -32,6 +34,12 @@
 //! prompt = "prompts/step_01_view.md"  # relative to the package
 //! outputs = ["view.rs"]               # files the step must produce
 //! inputs = ["src/domain.rs"]          # extra files or folders the model may read
+//!
+//! [[package.metadata.promptgen.steps]]
+//! id = "02"
+//! prompt = "prompts/step_02_view_impl.md"
+//! outputs = ["view_impl.rs"]
+//! after = ["01"]                      # the default: the step before it; [] for none
 //! ```
 //!
 //! Call the build entry from `build.rs`:
@@ -77,7 +85,8 @@
 //! `PROMPTGEN_BASE_URL`; the backend's own `OLLAMA_HOST`, `OPENAI_BASE_URL`, `OPENAI_API_KEY`;
 //! the package's metadata; `[workspace.metadata.promptgen]`. `PROMPTGEN_OFFLINE=1` and `CI`
 //! forbid model calls during builds. `PROMPTGEN_CACHE_DIR` (else `XDG_CACHE_HOME` or `HOME`)
-//! locates the cache of `store = "cache"`.
+//! locates the cache of `store = "cache"`. `PROMPTGEN_JOBS` (and `jobs`) is how many steps
+//! `cargo promptgen` runs at once; a build runs its stale steps one at a time.
 //!
 //! # API
 //!
@@ -94,6 +103,7 @@ mod config;
 mod diagnostics;
 mod error;
 mod generate;
+mod graph;
 mod layout;
 mod lock;
 mod mount;
@@ -131,6 +141,9 @@ pub mod __private {
     }
     pub mod generate {
         pub use crate::generate::*;
+    }
+    pub mod graph {
+        pub use crate::graph::*;
     }
     pub mod layout {
         pub use crate::layout::*;

@@ -98,9 +98,15 @@ pub struct Fingerprint {
     /// Hash of each input file, by its path as the model sees it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inputs: BTreeMap<String, String>,
-    /// Digest of the previous step's key and files; absent for the first step.
+    /// Digest of the key and files of the step before it in id order, when that is the one
+    /// step it runs after (always so before `after` existed); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<String>,
+    /// Digest of the key and files of each step it runs after, by id, when those are not just
+    /// the step before it (see `plan::handoff`); absent when empty, so that locks written
+    /// before `after` existed keep their keys.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub after: BTreeMap<String, String>,
 }
 
 impl Fingerprint {
@@ -122,9 +128,9 @@ pub struct LockedFile {
 }
 
 impl LockedStep {
-    /// A digest of what this step hands to the next: its key and its files. A later step's
-    /// fingerprint contains it, so regenerating this step with a different result makes every
-    /// later step stale, and nothing before it.
+    /// A digest of what this step hands to the steps that run after it: its key and its files.
+    /// Their fingerprints contain it, so regenerating this step with a different result makes
+    /// its dependents stale, and nothing else.
     pub fn handoff_digest(&self) -> String {
         let mut text = self.key.clone();
         for file in &self.files {
@@ -144,8 +150,8 @@ impl Lock {
             return Ok(Lock::default());
         }
         let text = codegen_core::__private::fs::read_to_string(path)?;
-        let lock: Lock = toml::from_str(&text)
-            .map_err(|e| Error::DamagedLock { path: path.to_owned(), detail: e.to_string() })?;
+        let lock: Lock =
+            toml::from_str(&text).map_err(|e| Error::DamagedLock { path: path.to_owned(), detail: e.to_string() })?;
         // Hashes name files in the cache and keys in its bucket: only real ones may.
         let bad_hash = lock.steps.iter().find_map(|step| {
             std::iter::once(("key", &step.key))
@@ -161,7 +167,10 @@ impl Lock {
         if lock.version != LOCK_VERSION {
             return Err(Error::DamagedLock {
                 path: path.to_owned(),
-                detail: format!("it has format version {}, and this cargo-promptgen reads version {LOCK_VERSION}", lock.version),
+                detail: format!(
+                    "it has format version {}, and this cargo-promptgen reads version {LOCK_VERSION}",
+                    lock.version
+                ),
             });
         }
         Ok(lock)
@@ -224,6 +233,7 @@ mod tests {
             outputs: vec!["view.rs".into()],
             inputs: BTreeMap::from([("src/domain.rs".to_string(), sha256_hex(b"domain"))]),
             previous: None,
+            after: BTreeMap::new(),
         };
         Lock {
             version: LOCK_VERSION,
@@ -254,6 +264,20 @@ mod tests {
         assert!(text.starts_with("# @generated"), "{text}");
         let back: Lock = toml::from_str(&text).unwrap();
         assert_eq!(back, lock);
+    }
+
+    #[test]
+    fn a_lock_without_after_keeps_its_text_and_keys() {
+        // `after` is left out when empty: a fingerprint written before it existed hashes and
+        // prints as it did.
+        let lock = sample();
+        let text = lock.to_text();
+        assert!(!text.contains("after"), "{text}");
+        let json = serde_json::to_string(&lock.steps[0].fingerprint).unwrap();
+        assert!(!json.contains("after"), "{json}");
+        let mut with_after = lock.steps[0].fingerprint.clone();
+        with_after.after.insert("00".into(), sha256_hex(b"handoff"));
+        assert_ne!(with_after.key(), lock.steps[0].fingerprint.key());
     }
 
     #[test]

@@ -1,10 +1,16 @@
 //! Which steps are fresh, which must run again, and why.
 //!
 //! A step is *fresh* when its fingerprint (prompt, system prompt, settings, tool contract,
-//! script, inputs, and what the previous step handed over) hashes to the key in the lock,
-//! and its stored files still match their recorded hashes. Because each fingerprint holds
-//! the previous step's hand-off, a change to step 02 makes 02 and every later step stale,
-//! and nothing before it.
+//! script, inputs, and what the steps it runs after handed over) hashes to the key in the
+//! lock, and its stored files still match their recorded hashes. Because each fingerprint
+//! holds the key and files of the steps it runs after (`after`, see [`crate::graph`]), and
+//! those hold theirs, a change to step 02 makes 02 and its dependents stale, transitively, and
+//! nothing else: not the steps it runs after, nor the steps independent of it.
+//!
+//! What a fingerprint holds of its dependencies ([`handoff`]): when a step runs after exactly
+//! the step before it in id order (a chain without `after`), the digest of that step's key and
+//! files in `previous`, as before `after` existed, so that those locks keep their keys byte
+//! for byte; otherwise one digest per step it runs after, by id, in `after`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,7 +40,8 @@ pub enum StepState {
 pub struct Assessed {
     /// The step's id.
     pub id: String,
-    /// Its current fingerprint (with `previous` unknown when an earlier step is stale).
+    /// Its current fingerprint (with `previous` and `after` unknown when a step it runs after
+    /// is stale).
     pub fingerprint: Fingerprint,
     /// Fresh, pending or stale.
     pub state: StepState,
@@ -76,16 +83,16 @@ impl Records {
     }
 }
 
-/// Assesses step `step`, given what the step before it handed over (`None` for the first
-/// step) or, when that step is itself stale, its id.
+/// Assesses step `step`, given what the steps it runs after handed over or, when some of them
+/// are stale, their ids.
 pub fn assess(
     chain: &Chain,
     step: &StepConfig,
-    previous: Previous<'_>,
+    upstream: &Upstream<'_>,
     records: &Records,
     forced: bool,
 ) -> Result<Assessed, Error> {
-    assess_with(chain, step, previous, records, forced, &mut Memo::default())
+    assess_with(chain, step, upstream, records, forced, &mut Memo::default())
 }
 
 /// What [`plan`] works out once for all its steps: the hashes of files that several steps
@@ -112,15 +119,14 @@ impl Memo {
 fn assess_with(
     chain: &Chain,
     step: &StepConfig,
-    previous: Previous<'_>,
+    upstream: &Upstream<'_>,
     records: &Records,
     forced: bool,
     memo: &mut Memo,
 ) -> Result<Assessed, Error> {
-    let handoff = match previous {
-        Previous::First => None,
-        Previous::Recorded(entry) => Some(entry.handoff_digest()),
-        Previous::Stale(_) => None,
+    let handoff = match upstream {
+        Upstream::Recorded(entries) => handoff(chain, step, entries),
+        Upstream::Stale(_) => Handoff::default(),
     };
     let fingerprint = fingerprint_with(chain, step, handoff, memo)?;
     let key = fingerprint.key();
@@ -133,12 +139,15 @@ fn assess_with(
         missing: Vec::new(),
     };
     let committed = records.lock.step(&step.id);
-    if let Previous::Stale(before) = previous {
+    if let Upstream::Stale(before) = upstream {
         let mut reasons = committed.map(|e| explain(step, &e.fingerprint, &fingerprint)).unwrap_or_default();
         if committed.is_none() {
             reasons.push("it was never generated: promptgen.lock has no entry for it".into());
         }
-        reasons.push(format!("it runs after step {before}, which must run again"));
+        reasons.push(match before.as_slice() {
+            [one] => format!("it runs after step {one}, which must run again"),
+            many => format!("it runs after steps {}, which must run again", and_list(many)),
+        });
         return Ok(stale(reasons));
     }
     if forced {
@@ -178,6 +187,7 @@ fn assess_with(
         (Some(damage), _) => vec![damage],
         (None, Some(entry)) => {
             let mut reasons = explain(step, &entry.fingerprint, &fingerprint);
+            reasons.extend(explain_dependencies(chain, step, &entry.fingerprint, &fingerprint));
             if reasons.is_empty() {
                 reasons.push("its recorded key does not match its fingerprint (the lock was edited?)".into());
             }
@@ -192,31 +202,53 @@ fn usable(step: &StepConfig, fingerprint: Fingerprint, state: StepState, entry: 
     Assessed { id: step.id.clone(), fingerprint, state, entry: Some(entry.clone()), files, missing: Vec::new() }
 }
 
-/// What the step before this one handed over.
-#[derive(Debug, Clone, Copy)]
-pub enum Previous<'a> {
-    /// This is the first step.
-    First,
-    /// The previous step's usable record.
-    Recorded(&'a LockedStep),
-    /// The previous step (this id) is stale, so this one is too.
-    Stale(&'a str),
+/// What the steps a step runs after handed over.
+#[derive(Debug, Clone)]
+pub enum Upstream<'a> {
+    /// Each of them has a usable record: these, in the order of [`StepConfig::after`] (none
+    /// for a step that runs after no step).
+    Recorded(Vec<&'a LockedStep>),
+    /// These of them (ids) are stale, so this step is too.
+    Stale(Vec<&'a str>),
 }
 
-/// Assesses every step in order without running anything.
+impl<'a> Upstream<'a> {
+    /// What the steps `chain.steps[index]` runs after handed over, as `assessed` (by index)
+    /// says; a step not assessed yet counts as stale.
+    pub fn of(chain: &'a Chain, index: usize, assessed: impl Fn(usize) -> Option<&'a Assessed>) -> Upstream<'a> {
+        let mut recorded = Vec::new();
+        let mut stale = Vec::new();
+        for &dep in chain.graph.after(index) {
+            match assessed(dep) {
+                Some(Assessed { entry: Some(entry), .. }) => recorded.push(entry),
+                _ => stale.push(chain.steps[dep].id.as_str()),
+            }
+        }
+        if stale.is_empty() { Upstream::Recorded(recorded) } else { Upstream::Stale(stale) }
+    }
+}
+
+/// Assesses every step, each after the steps it runs after, without running anything; the
+/// result is in the chain's (id) order.
 pub fn plan(chain: &Chain, records: &Records) -> Result<Vec<Assessed>, Error> {
     let mut memo = Memo::default();
-    let mut assessed: Vec<Assessed> = Vec::with_capacity(chain.steps.len());
-    for step in &chain.steps {
-        let previous = match assessed.last() {
-            None => Previous::First,
-            Some(Assessed { entry: Some(entry), .. }) => Previous::Recorded(entry),
-            Some(last) => Previous::Stale(&last.id),
-        };
-        let next = assess_with(chain, step, previous, records, false, &mut memo)?;
-        assessed.push(next);
+    let mut assessed: Vec<Option<Assessed>> = vec![None; chain.steps.len()];
+    for &index in chain.graph.order() {
+        let done = &assessed;
+        let upstream = Upstream::of(chain, index, |dep| done[dep].as_ref());
+        let next = assess_with(chain, &chain.steps[index], &upstream, records, false, &mut memo)?;
+        assessed[index] = Some(next);
     }
-    Ok(assessed)
+    Ok(assessed.into_iter().flatten().collect())
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 /// The stale steps of a plan, with their reasons.
@@ -229,17 +261,40 @@ pub fn stale_steps(plan: &[Assessed]) -> Vec<StaleStep> {
         .collect()
 }
 
-/// The fingerprint of `step` as it is declared now.
-pub fn fingerprint(chain: &Chain, step: &StepConfig, previous: Option<String>) -> Result<Fingerprint, Error> {
-    fingerprint_with(chain, step, previous, &mut Memo::default())
+/// What a fingerprint holds of the steps its step runs after.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handoff {
+    /// [`Fingerprint::previous`].
+    pub previous: Option<String>,
+    /// [`Fingerprint::after`].
+    pub after: BTreeMap<String, String>,
 }
 
-fn fingerprint_with(
-    chain: &Chain,
-    step: &StepConfig,
-    previous: Option<String>,
-    memo: &mut Memo,
-) -> Result<Fingerprint, Error> {
+/// What `step`'s fingerprint holds of `recorded`, the records of the steps it runs after
+/// (each [`StepConfig::after`], in that order): the digest of the one step in `previous` when
+/// it runs after exactly the step before it in id order, as every step did before `after`
+/// existed, so those keys do not change; else one digest per step, by id, in `after`.
+pub fn handoff(chain: &Chain, step: &StepConfig, recorded: &[&LockedStep]) -> Handoff {
+    let before = chain.index(&step.id).and_then(|i| i.checked_sub(1)).map(|i| chain.steps[i].id.as_str());
+    match recorded {
+        [] => Handoff::default(),
+        [only] if Some(only.id.as_str()) == before => {
+            Handoff { previous: Some(only.handoff_digest()), after: BTreeMap::new() }
+        }
+        many => Handoff {
+            previous: None,
+            after: many.iter().map(|entry| (entry.id.clone(), entry.handoff_digest())).collect(),
+        },
+    }
+}
+
+/// The fingerprint of `step` as it is declared now, given the records of the steps it runs
+/// after (each of [`StepConfig::after`], in that order).
+pub fn fingerprint(chain: &Chain, step: &StepConfig, after: &[&LockedStep]) -> Result<Fingerprint, Error> {
+    fingerprint_with(chain, step, handoff(chain, step, after), &mut Memo::default())
+}
+
+fn fingerprint_with(chain: &Chain, step: &StepConfig, handoff: Handoff, memo: &mut Memo) -> Result<Fingerprint, Error> {
     let mut inputs = BTreeMap::new();
     for input in &step.inputs {
         if input.is_dir {
@@ -283,7 +338,8 @@ fn fingerprint_with(
         },
         outputs: step.outputs.clone(),
         inputs,
-        previous,
+        previous: handoff.previous,
+        after: handoff.after,
     })
 }
 
@@ -361,8 +417,47 @@ pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> 
     for path in recorded.inputs.keys().filter(|p| !now.inputs.contains_key(*p)) {
         reasons.push(format!("input `{path}` was removed"));
     }
-    if now.previous.is_some() && recorded.previous != now.previous {
-        reasons.push("the previous step's output changed".into());
+    reasons
+}
+
+/// What differs in what the steps `step` runs after handed over, between a recorded fingerprint
+/// and the current one (whose dependencies all have usable records), in words.
+pub fn explain_dependencies(
+    chain: &Chain,
+    step: &StepConfig,
+    recorded: &Fingerprint,
+    now: &Fingerprint,
+) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if recorded.previous == now.previous && recorded.after == now.after {
+        return reasons;
+    }
+    let before = chain.index(&step.id).and_then(|i| i.checked_sub(1)).map(|i| chain.steps[i].id.clone());
+    // What a fingerprint says the step runs after, for messages.
+    let describe = |f: &Fingerprint| match (&f.previous, f.after.is_empty()) {
+        (Some(_), _) if f == now => format!("step {} (the step before it)", before.clone().unwrap_or_default()),
+        (Some(_), _) => "the step before it".to_string(),
+        (None, true) => "no step".to_string(),
+        (None, false) => f.after.keys().map(String::as_str).collect::<Vec<_>>().join(", "),
+    };
+    match (recorded.previous.is_some(), now.previous.is_some()) {
+        // The step before it in id order: the message of chains without `after`, as it was.
+        (true, true) => reasons.push("the previous step's output changed".into()),
+        (false, false) if !recorded.after.is_empty() || !now.after.is_empty() => {
+            for (id, digest) in &now.after {
+                match recorded.after.get(id) {
+                    None => reasons.push(format!("it runs after step {id} now")),
+                    Some(old) if old != digest => {
+                        reasons.push(format!("the output of step {id}, which it runs after, changed"))
+                    }
+                    Some(_) => {}
+                }
+            }
+            for id in recorded.after.keys().filter(|id| !now.after.contains_key(*id)) {
+                reasons.push(format!("it no longer runs after step {id}"));
+            }
+        }
+        _ => reasons.push(format!("the steps it runs after changed: {} (was: {})", describe(now), describe(recorded))),
     }
     reasons
 }

@@ -3,7 +3,7 @@
 use crate::config::{Chain, StoreMode};
 use crate::error::{Error, StaleStep};
 use crate::layout::Layout;
-use crate::plan::{plan, stale_steps, Records, StepState};
+use crate::plan::{Records, StepState, plan, stale_steps};
 
 /// The result of `cargo promptgen check`.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +33,8 @@ impl CheckReport {
 pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
     let mut records = Records::read(layout)?;
     // `check` judges what is committed: pending results count as not recorded yet.
-    let pending_ids: Vec<String> = records.pending.take().map(|p| p.steps.into_iter().map(|s| s.id).collect()).unwrap_or_default();
+    let pending_ids: Vec<String> =
+        records.pending.take().map(|p| p.steps.into_iter().map(|s| s.id).collect()).unwrap_or_default();
     let assessed = plan(chain, &records)?;
     let stale = stale_steps(&assessed);
     let pending = stale.iter().filter(|s| pending_ids.contains(&s.id)).map(|s| s.id.clone()).collect();
@@ -67,6 +68,10 @@ pub struct StatusRow {
     pub id: String,
     /// Its prompt, as the manifest names it.
     pub prompt: String,
+    /// The steps it runs after (directly), in id order.
+    pub after: Vec<String>,
+    /// The files it declares, else (declaring none) the files it recorded.
+    pub outputs: Vec<String>,
     /// `fresh`, `pending`, `stale`, or `unpulled` (stale only because the local cache lacks
     /// its files).
     pub state: &'static str,
@@ -108,9 +113,16 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
                 StepState::Stale(reasons) if !a.missing.is_empty() => ("unpulled", reasons.clone()),
                 StepState::Stale(reasons) => ("stale", reasons.clone()),
             };
+            let outputs = if step.outputs.is_empty() {
+                recorded.map(|e| e.files.iter().map(|f| f.path.clone()).collect()).unwrap_or_default()
+            } else {
+                step.outputs.clone()
+            };
             StatusRow {
                 id: step.id.clone(),
                 prompt: step.prompt_display.clone(),
+                after: step.after.clone(),
+                outputs,
                 state,
                 reasons,
                 files: recorded.map_or(0, |e| e.files.len()),
@@ -132,13 +144,14 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
 #[cfg(feature = "cli")]
 pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String, Error> {
     if let Some(id) = step
-        && chain.step(id).is_none() {
-            return Err(Error::UnknownStep {
-                id: id.to_string(),
-                package: chain.package_name.clone(),
-                known: chain.steps.iter().map(|s| s.id.clone()).collect(),
-            });
-        }
+        && chain.step(id).is_none()
+    {
+        return Err(Error::UnknownStep {
+            id: id.to_string(),
+            package: chain.package_name.clone(),
+            known: chain.steps.iter().map(|s| s.id.clone()).collect(),
+        });
+    }
     let records = Records::read(layout)?;
     let Some(pending) = &records.pending else { return Ok(String::new()) };
     let mut out = String::new();

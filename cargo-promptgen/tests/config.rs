@@ -1109,7 +1109,7 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     let manifest = fx.package(&one_step("model = \"m\"", "inputs = [\"src\"]"));
     let chain = load(&manifest, &Overrides::default(), NONE);
     // Regression: the fingerprint read the link to a folder as a file ("Is a directory").
-    let fingerprint = cargo_promptgen::__private::plan::fingerprint(&chain, &chain.steps[0], None).unwrap();
+    let fingerprint = cargo_promptgen::__private::plan::fingerprint(&chain, &chain.steps[0], &[]).unwrap();
     let hashed: Vec<&str> = fingerprint.inputs.keys().map(String::as_str).collect();
     assert_eq!(hashed, ["src/domain.rs", "src/lib.rs", "src/local/local.md"]);
 
@@ -1124,7 +1124,7 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     );
     assert_mentions(&err, &["outside", "pkg`"]);
     // ... and by the fingerprint of a chain loaded before it appeared, as the step's error.
-    let err = cargo_promptgen::__private::plan::fingerprint(&chain, &chain.steps[0], None).unwrap_err();
+    let err = cargo_promptgen::__private::plan::fingerprint(&chain, &chain.steps[0], &[]).unwrap_err();
     assert!(matches!(err, cargo_promptgen::Error::Sandbox { .. }), "{err:?}");
     assert!(cargo_promptgen::__private::error::report(&err).contains("src/outside`"), "{err:?}");
 }

@@ -2,7 +2,12 @@
 //!
 //! Exit codes: 0 success, 1 failure or stale steps, 2 usage error.
 
+mod graph;
+mod outcome;
+mod workspace;
+
 use std::io::Write;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -42,9 +47,12 @@ enum Command {
     /// Regenerate stale steps (or the ones named) and record them in the lock and store.
     Run(RunArgs),
     /// Exit 0 when every step is fresh in the lock, 1 otherwise; never calls a model.
-    Check(Selection),
-    /// A table of the steps: fresh or stale, files, model, calls, tokens.
-    Status(Selection),
+    Check(Packages),
+    /// A table of the steps: fresh or stale, what they run after, files, model, calls, tokens.
+    Status(Packages),
+    /// The chain as a Mermaid flowchart (or Graphviz with --format dot): each step with its
+    /// state and outputs.
+    Graph(graph::GraphArgs),
     /// Record the results that builds left in the pending area, without calling a model.
     Accept(Selection),
     /// Unified diff from the recorded outputs to the pending ones.
@@ -88,12 +96,26 @@ struct Selection {
     package: Option<String>,
 }
 
+/// A package, or with `--workspace` every member with a chain.
+#[derive(Args, Debug, Default, Clone)]
+struct Packages {
+    #[command(flatten)]
+    selection: Selection,
+    #[command(flatten)]
+    members: workspace::Members,
+}
+
 #[derive(Args, Debug, Default, Clone)]
 struct RunArgs {
     #[command(flatten)]
     selection: Selection,
-    /// Regenerate this step even if it is fresh (repeatable); later steps follow if its output changes.
-    #[arg(long = "step", value_name = "ID")]
+    #[command(flatten)]
+    members: workspace::Members,
+    /// Run up to N ready steps at once (beats PROMPTGEN_JOBS and `jobs`; default 1).
+    #[arg(short = 'j', long, value_name = "N")]
+    jobs: Option<NonZeroU32>,
+    /// Regenerate this step even if it is fresh (repeatable); the steps after it follow if its output changes.
+    #[arg(long = "step", value_name = "ID", conflicts_with = "workspace")]
     steps: Vec<String>,
     /// Regenerate every step.
     #[arg(long)]
@@ -141,8 +163,15 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         None => run(cli.run),
         Some(Command::Run(args)) => run(args),
-        Some(Command::Check(selection)) => check(&selection),
-        Some(Command::Status(selection)) => status(&selection),
+        Some(Command::Check(packages)) if packages.members.workspace => {
+            workspace::each(&packages.selection, &packages.members, &["check".into()])
+        }
+        Some(Command::Check(packages)) => check(&packages.selection),
+        Some(Command::Status(packages)) if packages.members.workspace => {
+            workspace::each(&packages.selection, &packages.members, &["status".into()])
+        }
+        Some(Command::Status(packages)) => status(&packages.selection),
+        Some(Command::Graph(args)) => graph::graph(&args),
         Some(Command::Accept(selection)) => accept(&selection),
         Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
         Some(Command::Push(selection)) => push(&selection),
@@ -159,9 +188,18 @@ struct Package {
 fn open(selection: &Selection, overrides: &Overrides) -> anyhow::Result<Package> {
     let metadata = cargo_metadata(selection.manifest_path.as_deref())?;
     let manifest = select_package(&metadata, selection)?;
+    open_manifest(&metadata, &manifest, overrides)
+}
+
+/// The package of `manifest`, a member of the workspace `metadata` describes.
+fn open_manifest(
+    metadata: &cargo_metadata::Metadata,
+    manifest: &Path,
+    overrides: &Overrides,
+) -> anyhow::Result<Package> {
     // cargo knows the workspace this package belongs to; config::load need not guess.
     let overrides = Overrides { workspace_root: Some(metadata.workspace_root.clone().into()), ..overrides.clone() };
-    let chain = config::load_from_env(&manifest, &overrides)?;
+    let chain = config::load_from_env(manifest, &overrides)?;
     let layout = Layout::new(&chain, metadata.target_directory.as_std_path());
     Ok(Package { chain, layout })
 }
@@ -221,10 +259,14 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if args.members.workspace {
+        return workspace::each(&args.selection, &args.members, &workspace::run_args(&args));
+    }
     let overrides = Overrides {
         backend: args.backend.clone(),
         model: args.model.clone(),
         base_url: args.base_url.clone(),
+        jobs: args.jobs,
         ..Overrides::default()
     };
     let Package { chain, layout } = open(&args.selection, &overrides)?;
@@ -286,6 +328,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 let reason = reason.lines().next().unwrap_or_default();
                 format!("step {id}: run {run}, with seed {seed}, because the last run failed: {reason}")
             }
+            Progress::StepFailed { id, error } => {
+                format!("step {id}: failed: {}", error.lines().next().unwrap_or_default())
+            }
             Progress::ModelCall { id, number, tokens, elapsed } => {
                 format!("step {id}: model call {number}, {tokens} tokens so far, {:.1}s", elapsed.as_secs_f64())
             }
@@ -304,8 +349,13 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
         let _ = writeln!(stderr, "{line}");
     };
-    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, &mut show);
+    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, chain.jobs, &mut show);
     let result = result?;
+    if !result.failed.is_empty() {
+        eprintln!();
+        print_status(&chain, &layout)?;
+        return Ok(outcome::failed_run(&chain, result, started.elapsed()));
+    }
     generate::discard_pending(&layout)?;
     eprintln!();
     print_status(&chain, &layout)?;
@@ -514,15 +564,28 @@ fn status(selection: &Selection) -> anyhow::Result<ExitCode> {
 
 fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
     let rows = report::status(chain, layout)?;
-    let header =
-        ["step", "prompt", "state", "files", "backend", "model", "seed", "calls", "tokens", "repairs", "check_rounds"];
-    let cells: Vec<[String; 11]> = rows
+    let header = [
+        "step",
+        "prompt",
+        "after",
+        "state",
+        "files",
+        "backend",
+        "model",
+        "seed",
+        "calls",
+        "tokens",
+        "repairs",
+        "check_rounds",
+    ];
+    let cells: Vec<[String; 12]> = rows
         .iter()
         .map(|r| {
             let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
             [
                 r.id.clone(),
                 r.prompt.clone(),
+                if r.after.is_empty() { "-".into() } else { r.after.join(",") },
                 r.state.to_string(),
                 r.files.to_string(),
                 r.backend.clone(),
