@@ -521,3 +521,163 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A crate as users have them: serde and serde_json from crates.io, a hand-written
+/// `domain.rs` the generated code uses, and tests in `main.rs` that use the generated code.
+/// 01 turns a user into JSON; 02 (a description) and 03 (a greeting) build on it, not on each
+/// other; 04 joins them and must pass the crate's tests.
+const CRATE_DEPENDENCIES: &str = "serde = { version = \"1\", features = [\"derive\"] }\nserde_json = \"1\"\n";
+
+const CRATE_CHAIN: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["user_json.rs"]
+
+[[package.metadata.promptgen.steps]]
+id = "02"
+prompt = "prompts/02.md"
+outputs = ["describe.rs"]
+after = ["01"]
+
+[[package.metadata.promptgen.steps]]
+id = "03"
+prompt = "prompts/03.md"
+outputs = ["greeting.rs"]
+after = ["01"]
+
+[[package.metadata.promptgen.steps]]
+id = "04"
+prompt = "prompts/04.md"
+outputs = ["report.rs"]
+after = ["02", "03"]
+check = "cargo test"
+"#;
+
+const DOMAIN: &str = "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";
+
+const CRATE_MAIN: &str = r##"mod domain;
+
+#[allow(dead_code)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
+}
+
+fn main() {
+    let user = domain::User { name: "Ada".into(), age: 36 };
+    println!("{}", generated::report::report(&user));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ada() -> domain::User {
+        domain::User { name: "Ada".into(), age: 36 }
+    }
+
+    #[test]
+    fn the_report_describes_and_greets() {
+        let json = r#"{"name":"Ada","age":36}"#;
+        assert_eq!(generated::report::report(&ada()), format!("Ada, 36: {json}\nHello, Ada! {json}"));
+    }
+}
+"##;
+
+const USER_JSON: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n";
+const DESCRIBE: &str = "use crate::domain::User;\n\npub fn describe(user: &User) -> String {\n    format!(\"{}, {}: {}\", user.name, user.age, super::user_json::to_json(user))\n}\n";
+const GREETING: &str = "use crate::domain::User;\n\npub fn greet(user: &User) -> String {\n    format!(\"Hello, {}! {}\", user.name, super::user_json::to_json(user))\n}\n";
+const REPORT: &str = "use crate::domain::User;\n\npub fn report(user: &User) -> String {\n    format!(\"{}\\n{}\", super::describe::describe(user), super::greeting::greet(user))\n}\n";
+
+/// The crate of [`CRATE_CHAIN`], resolving its dependencies offline from the workspace's lock.
+fn real_crate() -> Package {
+    let package = Package::with_dependencies(CRATE_CHAIN, "", CRATE_DEPENDENCIES);
+    package.write("src/domain.rs", DOMAIN);
+    package.write("src/main.rs", CRATE_MAIN);
+    for (id, what) in [
+        ("01", "user_json.rs: to_json for crate::domain::User"),
+        ("02", "describe.rs: describe a User, with its JSON"),
+        ("03", "greeting.rs: greet a User, with its JSON"),
+        ("04", "report.rs: the description, then the greeting"),
+    ] {
+        package.write(&format!("prompts/{id}.md"), &format!("Write {what}. {}\n", marker(id)));
+    }
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
+    package.write("Cargo.lock", &lock);
+    let out = run(&mut package.cargo(&["metadata", "--format-version", "1", "--offline"]));
+    assert!(out.status.success(), "{}", text(&out));
+    package
+}
+
+#[test]
+fn a_real_crate_checks_two_independent_steps_at_once_and_an_edit_to_one_leaves_the_other_recorded() {
+    let server = FakeLlm::start(Vec::new());
+    route(&server, "01", "user_json.rs", USER_JSON);
+    server.route(&marker("02"), vec![write("describe.rs", DESCRIBE).once_seen(&marker("03")), finish()]);
+    server.route(&marker("03"), vec![write("greeting.rs", GREETING).once_seen(&marker("02")), finish()]);
+    route(&server, "04", "report.rs", REPORT);
+    let package = real_crate();
+    let promptgen = |args: &[&str]| {
+        run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()).env("CARGO_NET_OFFLINE", "true"))
+    };
+
+    // From nothing, two at a time: 02 and 03 overlap, and their crate checks (which share one
+    // target folder) both pass; what the crate's `main.rs` needs of 04 is put off, then
+    // checked on the whole crate.
+    let out = promptgen(&["--jobs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let requests = server.requests();
+    let timeline = server.timeline();
+    let [two, three] = ["02", "03"].map(|id| requests_of(&requests, id));
+    assert!(when(&timeline, Moment::Arrived(three[0])) < when(&timeline, Moment::Answered(two[0])), "{timeline:?}");
+    assert!(when(&timeline, Moment::Arrived(two[0])) < when(&timeline, Moment::Answered(three[0])), "{timeline:?}");
+    assert_eq!(requests.len(), 8, "every step passed its check first time: {}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("4 of 4 steps regenerated"), "{err}");
+    assert!(err.contains("was put off"), "{err}");
+    let tests = run(package.cargo(&["test", "--quiet"]).env("PROMPTGEN_OFFLINE", "1").env("CARGO_NET_OFFLINE", "true"));
+    assert!(tests.status.success() && stdout(&tests).contains("1 passed"), "{}", text(&tests));
+    let before = lock_of(&package);
+
+    // The greeting's code changes (not what it says): 03 and 04 run again, and 01 and 02 keep
+    // their records byte for byte; the crate's tests still pass.
+    edit(&package, "prompts/03.md", "greet a User", "greet a User, documented");
+    let documented = format!("/// Greets a user by name, with the user as JSON.\n{GREETING}");
+    route(&server, "03", "greeting.rs", &documented);
+    route(&server, "04", "report.rs", REPORT);
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = stdout(&out);
+    assert!(
+        report.contains("2 of 4 steps") && report.contains("step 04: it runs after step 03, which must run again"),
+        "{report}"
+    );
+    let asked = server.requests().len();
+    let out = promptgen(&["--jobs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let requests = server.requests();
+    let ran: Vec<&str> = requests[asked..]
+        .iter()
+        .filter_map(|r| ["01", "02", "03", "04"].into_iter().find(|id| r.body.contains(&marker(id))))
+        .collect();
+    assert_eq!(ran, ["03", "03", "04", "04"], "{}", text(&out));
+    assert!(
+        stderr(&out).contains("step 04: running, because the output of step 03, which it runs after, changed"),
+        "{}",
+        text(&out)
+    );
+    let after = lock_of(&package);
+    for id in ["01", "02"] {
+        assert_eq!(after.step(id), before.step(id), "step {id} is untouched");
+    }
+    for id in ["03", "04"] {
+        assert_ne!(after.step(id).map(|s| &s.key), before.step(id).map(|s| &s.key), "step {id} ran again");
+    }
+    assert_eq!(package.read("promptgen/03/greeting.rs"), documented);
+    let tests = run(package.cargo(&["test", "--quiet"]).env("PROMPTGEN_OFFLINE", "1").env("CARGO_NET_OFFLINE", "true"));
+    assert!(tests.status.success() && stdout(&tests).contains("1 passed"), "{}", text(&tests));
+}
