@@ -1610,7 +1610,7 @@ pub fn load(
         if backend == BackendKind::Scripted && step.script.is_none() {
             return Err(ConfigError::MissingScript {
                 file: file.into(),
-                at: step.at,
+                at: src.at(step.at),
                 key: format!("{}.script", step.key),
                 step: step.id.clone(),
                 backend: format!("backend `scripted` {}", from_phrase(backend_origin, &step.id)),
@@ -1650,7 +1650,7 @@ pub fn load(
         });
     }
     steps.sort_by(|a, b| a.id.cmp(&b.id));
-    let graph = resolve_graph(file, &mut steps, graph_decls)?;
+    let graph = resolve_graph(&src, &mut steps, graph_decls)?;
     let edition = package_edition(&src, package.get_ref(), workspace_table.map(|(_, table, _)| table))?;
 
     // Where the outputs live, and the cache folder (needed in cache mode, and to switch to it).
@@ -1947,7 +1947,9 @@ impl<'a> Layer<'a> {
 struct DeclaredStep {
     /// `package.metadata.promptgen.steps[i]`.
     key: String,
-    at: Location,
+    /// Where the step's table starts, a byte offset: [`Source::at`] scans the text, so it is
+    /// made a line and column only for an error (once per step, that scan was quadratic).
+    at: usize,
     id: String,
     prompt: PathBuf,
     prompt_display: String,
@@ -1963,14 +1965,17 @@ struct GraphDecl {
     id: String,
     /// `after`, when declared: each id with its place and key.
     after: Option<Vec<Named>>,
-    /// The place and key of each output, in the order of [`DeclaredStep::outputs`].
-    outputs_at: Vec<(Location, String)>,
+    /// The place (a byte offset in the manifest: [`Source::at`] makes it a line and column
+    /// only for an error, as that scans the text) and key of each output, in the order of
+    /// [`DeclaredStep::outputs`].
+    outputs_at: Vec<(usize, String)>,
 }
 
 /// A step id as written in `after`.
 struct Named {
     id: String,
-    at: Location,
+    /// A byte offset in the manifest, as in [`GraphDecl::outputs_at`].
+    at: usize,
     key: String,
 }
 
@@ -2022,8 +2027,8 @@ fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<Declare
         let script = table.script.as_ref().map(|s| ctx.existing_file("script", s, &what("script"))).transpose()?;
         let outputs = ctx.outputs(table.outputs.as_ref().map_or(&[], |l| l.get_ref()))?;
         let inputs = ctx.inputs(table.inputs.as_ref().map_or(&[], |l| l.get_ref()), &id)?;
-        let places = |list: &[Spanned<String>], name: &str| -> Vec<(Location, String)> {
-            list.iter().enumerate().map(|(j, v)| (ctx.src.at_span(v), ctx.key(&format!("{name}[{j}]")))).collect()
+        let places = |list: &[Spanned<String>], name: &str| -> Vec<(usize, String)> {
+            list.iter().enumerate().map(|(j, v)| (v.span().start, ctx.key(&format!("{name}[{j}]")))).collect()
         };
         let after = table.after.as_ref().map(|list| {
             let list = list.get_ref();
@@ -2034,7 +2039,7 @@ fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<Declare
         let graph = GraphDecl { id: id.clone(), after, outputs_at };
         steps.push(DeclaredStep {
             key: ctx.prefix.clone(),
-            at: ctx.src.at_span(step),
+            at: step.span().start,
             id,
             prompt,
             prompt_display: prompt_value.get_ref().clone(),
@@ -2052,7 +2057,8 @@ fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<Vec<Declare
 /// `after` names must be another step of the chain, the steps may not wait for each other in a
 /// cycle, and an output may not be declared by two steps of which neither runs after the other.
 /// `steps` are in id order; `declared` says what each declares, by id.
-fn resolve_graph(file: &Path, steps: &mut [StepConfig], declared: Vec<GraphDecl>) -> Result<Graph, ConfigError> {
+fn resolve_graph(src: &Source, steps: &mut [StepConfig], declared: Vec<GraphDecl>) -> Result<Graph, ConfigError> {
+    let file = src.file.as_path();
     let ids: Vec<String> = steps.iter().map(|s| s.id.clone()).collect();
     let index = |id: &str| ids.binary_search_by(|s| s.as_str().cmp(id)).ok();
     let declared: BTreeMap<String, GraphDecl> = declared.into_iter().map(|d| (d.id.clone(), d)).collect();
@@ -2064,7 +2070,7 @@ fn resolve_graph(file: &Path, steps: &mut [StepConfig], declared: Vec<GraphDecl>
             Some(list) => {
                 let mut deps: Vec<usize> = Vec::with_capacity(list.len());
                 for named in list {
-                    let (at, key) = (named.at, named.key.clone());
+                    let (at, key) = (src.at(named.at), named.key.clone());
                     if named.id == step.id {
                         return Err(ConfigError::AfterItself { file: file.into(), at, key, step: step.id.clone() });
                     }
@@ -2104,7 +2110,7 @@ fn resolve_graph(file: &Path, steps: &mut [StepConfig], declared: Vec<GraphDecl>
         // so a cycle has at least one declared link).
         let place = cycle.iter().zip(cycle.iter().cycle().skip(1)).find_map(|(&step, &next)| {
             let list = decl(step)?.after.as_ref()?;
-            list.iter().find(|named| named.id == ids[next]).map(|named| (named.at, named.key.clone()))
+            list.iter().find(|named| named.id == ids[next]).map(|named| (src.at(named.at), named.key.clone()))
         });
         let (at, key) = place.unwrap_or((Location { line: 1, column: 1 }, format!("{PACKAGE_PREFIX}.steps")));
         ConfigError::Cycle { file: file.into(), at, key, cycle: links }
@@ -2115,7 +2121,8 @@ fn resolve_graph(file: &Path, steps: &mut [StepConfig], declared: Vec<GraphDecl>
             let earlier = owners.entry(output.as_str()).or_default();
             if let Some(&first) = earlier.iter().find(|&&j| graph.independent(i, j)) {
                 let (at, key) = decl(i)
-                    .and_then(|d| d.outputs_at.get(k).cloned())
+                    .and_then(|d| d.outputs_at.get(k))
+                    .map(|(offset, key)| (src.at(*offset), key.clone()))
                     .unwrap_or((Location { line: 1, column: 1 }, format!("{PACKAGE_PREFIX}.steps")));
                 return Err(ConfigError::SharedOutput {
                     file: file.into(),
