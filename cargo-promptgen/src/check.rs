@@ -35,11 +35,7 @@ use crate::mount::module_tree;
 use crate::out_dir::sync_dir;
 use crate::store::{Files, walk_files};
 
-/// The variable naming the tree the build entry mounts instead of the recorded one.
-pub const TREE_VAR: &str = "PROMPTGEN_TREE";
-/// The variable naming the package (its folder) that [`TREE_VAR`] is for; every other
-/// package built meanwhile builds from its own lock, offline.
-pub const TREE_PACKAGE_VAR: &str = "PROMPTGEN_TREE_PACKAGE";
+use crate::mount::{TREE_PACKAGE_VAR, TREE_VAR};
 
 /// How long a crate check may run (compiling the dependencies the first time included)
 /// before it is stopped: a test that loops forever must not hang the run.
