@@ -428,9 +428,8 @@ fn jitter(wait: Duration) -> Duration {
 }
 
 #[cfg(feature = "http")]
-/// The server's requested wait: `retry-after-ms` (OpenAI's, in milliseconds) or
-/// `Retry-After` in seconds. The HTTP-date form of `Retry-After` is not honoured; the
-/// ordinary backoff applies instead.
+/// The server's requested wait: `retry-after-ms` (OpenAI's, in milliseconds), or
+/// `Retry-After` in seconds or as an HTTP date (a date already past means now).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
@@ -439,8 +438,12 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     {
         return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
     }
-    let secs = header("retry-after").and_then(|v| v.parse::<f64>().ok())?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)))
+    let value = header("retry-after")?;
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(feature = "http")]
@@ -510,10 +513,17 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
         headers.insert("retry-after-ms", "150".parse().unwrap());
         assert_eq!(retry_after(&headers), Some(Duration::from_millis(150)));
+        // The HTTP-date form: a date in the past means now, a later one the time until it.
         let mut dated = reqwest::header::HeaderMap::new();
         dated.insert("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
-        assert_eq!(retry_after(&dated), None);
+        assert_eq!(retry_after(&dated), Some(Duration::ZERO));
+        let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+        dated.insert("retry-after", later.parse().unwrap());
+        let wait = retry_after(&dated).unwrap();
+        assert!(wait > Duration::from_secs(25) && wait <= Duration::from_secs(30), "{wait:?}");
         dated.insert("retry-after", "-5".parse().unwrap());
+        assert_eq!(retry_after(&dated), None);
+        dated.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after(&dated), None);
     }
 }
