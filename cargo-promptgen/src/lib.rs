@@ -108,6 +108,8 @@ mod mount;
 mod out_dir;
 mod plan;
 mod process_lock;
+#[cfg(feature = "online")]
+mod redact;
 #[cfg(feature = "cli")]
 mod remote;
 mod report;
