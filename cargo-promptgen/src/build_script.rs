@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::cache::MissingFile;
-use crate::check::{TREE_PACKAGE_VAR, TREE_VAR};
 use crate::config::{self, Chain, Overrides, StoreMode};
-use crate::error::Error;
+use crate::error::{Error, StaleStep};
+#[cfg(feature = "online")]
 use crate::generate::{Destination, Progress, bring_up_to_date};
 use crate::layout::{Layout, target_dir_from_out_dir};
-use crate::mount::{MODULES_FILE, OUT_SUBDIR, module_tree};
+use crate::mount::{MODULES_FILE, OUT_SUBDIR, TREE_PACKAGE_VAR, TREE_VAR, module_tree};
 use crate::out_dir::sync_dir;
 use crate::plan::{Records, StepState, plan, stale_steps};
 use crate::process_lock::ProcessLock;
@@ -114,8 +114,9 @@ impl Builder {
         let _guard = ProcessLock::acquire(&layout)?;
 
         let mut records = Records::read(&layout)?;
+        let dependency = dependency_origin(&manifest_dir);
         let ci = self.offline.is_none() && std::env::var_os("CI").is_some();
-        if ci {
+        if ci || dependency.is_some() {
             // CI builds only from the committed lock: results a build left pending on this
             // machine are not recorded yet, so their steps count as stale.
             records.pending = None;
@@ -141,24 +142,18 @@ impl Builder {
                 chain.graph.order().iter().flat_map(|&i| std::mem::take(&mut assessed[i].files)).collect();
             (tree, Vec::new(), pending)
         } else {
+            if let Some(origin) = dependency {
+                return Err(Error::StaleDependency {
+                    package: chain.package_name.clone(),
+                    origin: origin.to_string(),
+                    manifest_dir,
+                    steps: stale,
+                });
+            }
             if let Some(reason) = self.offline_reason() {
                 return Err(Error::Stale { package: chain.package_name.clone(), steps: stale, reason });
             }
-            let mut show = |p: Progress| {
-                if let Progress::StepStarted { id, .. } = p {
-                    eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
-                }
-            };
-            // One step at a time: a build runs inside cargo's own jobs, and its output is read
-            // after the fact.
-            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, 1, &mut show)?.into_failure()?;
-            let pending = result
-                .steps
-                .iter()
-                .filter(|(_, state)| *state == StepState::Pending)
-                .map(|(entry, _)| entry.id.clone())
-                .collect();
-            (result.tree, result.regenerated, pending)
+            self.regenerate(&chain, &layout, stale)?
         };
         let files_written = sync_dir(&generated_dir, &tree)?;
         let modules = module_tree(tree.keys(), &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
@@ -175,6 +170,36 @@ impl Builder {
             );
         }
         Ok(BuildReport { generated_dir, files_written, regenerated, pending })
+    }
+
+    /// Runs the stale steps into the pending area: the tree, the steps that ran, the steps
+    /// whose results come from the pending area.
+    #[cfg(feature = "online")]
+    fn regenerate(&self, chain: &Chain, layout: &Layout, _stale: Vec<StaleStep>) -> Result<(Files, Vec<String>, Vec<String>), Error> {
+        let mut show = |p: Progress| {
+            if let Progress::StepStarted { id, .. } = p {
+                eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
+            }
+        };
+        // One step at a time: a build runs inside cargo's own jobs, and its output is read
+        // after the fact.
+        let result = bring_up_to_date(chain, layout, &[], Destination::Pending, 1, &mut show)?.into_failure()?;
+        let pending =
+            result.steps.iter().filter(|(_, state)| *state == StepState::Pending).map(|(entry, _)| entry.id.clone()).collect();
+        Ok((result.tree, result.regenerated, pending))
+    }
+
+    /// Without the `online` feature the build entry cannot call a model: a stale step is an
+    /// error that names `cargo promptgen`.
+    #[cfg(not(feature = "online"))]
+    fn regenerate(&self, chain: &Chain, _: &Layout, stale: Vec<StaleStep>) -> Result<(Files, Vec<String>, Vec<String>), Error> {
+        Err(Error::Stale {
+            package: chain.package_name.clone(),
+            steps: stale,
+            reason: "this build entry cannot call a model (cargo-promptgen's `online` feature is off: add \
+                     `features = [\"online\"]` to regenerate in `cargo build`)"
+                .into(),
+        })
     }
 
     /// The build entry of the package a check is checking: the candidate tree in `tree`
@@ -228,6 +253,25 @@ impl Builder {
     }
 }
 
+/// Where the package in `manifest_dir` comes from, when it is someone else's: a registry, a
+/// git repository or a vendored directory. Such a build never calls a model: it would spend
+/// the user's model server and keys on code nobody here reviewed.
+///
+/// Cargo marks each registry package it unpacks, and each git checkout, with a `.cargo-ok`
+/// file at the folder's root (a git package may sit in a subfolder of its checkout), and
+/// `cargo vendor` writes a `.cargo-checksum.json` into each vendored package. The user's own
+/// packages (workspace members, path dependencies) have neither.
+fn dependency_origin(manifest_dir: &Path) -> Option<&'static str> {
+    if manifest_dir.join(".cargo-checksum.json").is_file() {
+        return Some("a vendored directory");
+    }
+    let unpacked = manifest_dir.ancestors().find(|dir| dir.join(".cargo-ok").is_file())?;
+    let is_git = unpacked.components().collect::<Vec<_>>().windows(2).any(|pair| {
+        pair[0].as_os_str() == "git" && pair[1].as_os_str() == "checkouts"
+    });
+    Some(if is_git { "a git repository" } else { "a registry" })
+}
+
 /// The candidate tree to mount, when this build is a check of the package in `manifest_dir`
 /// (`PROMPTGEN_TREE` names the tree and `PROMPTGEN_TREE_PACKAGE` this package).
 fn checked_tree(manifest_dir: &Path) -> Option<PathBuf> {
@@ -277,5 +321,35 @@ fn emit_rerun_directives(chain: &Chain) {
     }
     for var in config::ENV_VARS.iter().chain(OFFLINE_VARS).chain(&[TREE_VAR, TREE_PACKAGE_VAR]) {
         println!("cargo:rerun-if-env-changed={var}");
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::dependency_origin;
+
+    #[test]
+    fn packages_cargo_unpacked_or_vendored_are_dependencies_and_the_users_own_are_not() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = |rel: &str| {
+            let path = home.path().join(rel);
+            std::fs::create_dir_all(&path).unwrap();
+            path
+        };
+        let registry = dir("registry/src/index.crates.io-1949cf8c6b5b557f/greeting-0.1.0");
+        std::fs::write(registry.join(".cargo-ok"), "{\"v\":1}").unwrap();
+        assert_eq!(dependency_origin(&registry), Some("a registry"));
+
+        let checkout = dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d");
+        std::fs::write(checkout.join(".cargo-ok"), "").unwrap();
+        assert_eq!(dependency_origin(&checkout), Some("a git repository"));
+        assert_eq!(dependency_origin(&dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d/crates/inner")), Some("a git repository"));
+
+        let vendored = dir("vendor/greeting");
+        std::fs::write(vendored.join(".cargo-checksum.json"), "{}").unwrap();
+        assert_eq!(dependency_origin(&vendored), Some("a vendored directory"));
+
+        assert_eq!(dependency_origin(&dir("projects/my-app")), None);
     }
 }

@@ -13,9 +13,13 @@
 //! # Using it in a crate
 //!
 //! ```sh
-//! cargo add --build cargo-promptgen
+//! cargo add --build cargo-promptgen --no-default-features   # copies the recorded files
 //! cargo install cargo-promptgen      # for the `cargo promptgen` subcommand
 //! ```
+//!
+//! Without features the build entry compiles no HTTP client and never calls a model. Turn on
+//! `online` (`--features online`) to let `cargo build` regenerate stale steps itself, and
+//! `tls` for HTTPS to a hosted API.
 //!
 //! Declare the chain in `Cargo.toml`:
 //!
@@ -73,9 +77,10 @@
 //!
 //! - Every step fresh: the recorded files are copied (only those whose bytes changed), no
 //!   network at all.
-//! - Some step stale, and neither `PROMPTGEN_OFFLINE` nor `CI` set: the stale steps run, their
-//!   results go to a pending area under the target folder (a build script never writes the
-//!   package), and a warning says `cargo promptgen accept` records them.
+//! - Some step stale, with the `online` feature, and neither `PROMPTGEN_OFFLINE` nor `CI` set:
+//!   the stale steps run, their results go to a pending area under the target folder (a build
+//!   script never writes the package), and a warning says `cargo promptgen accept` records
+//!   them. Without `online`, a stale step fails the build as offline.
 //! - Some step stale and offline (or `CI`): the build fails, listing each stale step, what
 //!   changed in it, and the command that fixes it.
 //!
@@ -98,10 +103,13 @@
 
 mod build_script;
 mod cache;
+#[cfg(feature = "online")]
 mod check;
 mod config;
+#[cfg(feature = "online")]
 mod diagnostics;
 mod error;
+#[cfg(feature = "online")]
 mod generate;
 mod graph;
 mod layout;
@@ -110,6 +118,8 @@ mod mount;
 mod out_dir;
 mod plan;
 mod process_lock;
+#[cfg(feature = "online")]
+mod redact;
 #[cfg(feature = "cli")]
 mod remote;
 mod report;
@@ -130,6 +140,7 @@ pub mod __private {
     pub mod cache {
         pub use crate::cache::*;
     }
+    #[cfg(feature = "online")]
     pub mod check {
         pub use crate::check::*;
     }
@@ -139,6 +150,7 @@ pub mod __private {
     pub mod error {
         pub use crate::error::*;
     }
+    #[cfg(feature = "online")]
     pub mod generate {
         pub use crate::generate::*;
     }

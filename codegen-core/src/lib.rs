@@ -168,6 +168,7 @@
 pub mod backend;
 pub mod chat;
 pub mod check;
+mod compile_time;
 mod fs;
 mod protocol;
 mod report;
