@@ -291,23 +291,29 @@ impl Check for CrateCheck {
         }
         sync_dir(&self.tree_dir, &tree).map_err(|e| error(crate::error::report(&e)))?;
 
-        let mut command = cargo_command(&self.cargo);
-        command.arg(if self.test { "test" } else { "check" });
-        if self.test {
-            command.arg("--no-fail-fast");
-        } else {
-            command.arg("--all-targets");
+        // Every target is type-checked first, `--keep-going`: without it Cargo stops starting
+        // targets at the first that fails, so which errors come back (the binary's, its unit
+        // tests', both) would depend on scheduling, and so would what is put off and recorded.
+        // `cargo test` cannot keep going, so it runs only once the crate compiles.
+        let cargo = |verb: &[&str]| {
+            let mut command = cargo_command(&self.cargo);
+            command
+                .args(verb)
+                .args(["--message-format=json", "--color=never", "-p", &self.package, "--manifest-path"])
+                .arg(&self.manifest)
+                .current_dir(&self.package_dir)
+                .env("CARGO_TARGET_DIR", &self.target_dir)
+                .env(TREE_VAR, &self.tree_dir)
+                .env(TREE_PACKAGE_VAR, &self.package_dir)
+                .env("RUST_BACKTRACE", "0");
+            run_with_timeout(&mut command, CHECK_TIMEOUT).map_err(|e| {
+                error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display()))
+            })
+        };
+        let mut ran = cargo(&["check", "--all-targets", "--keep-going"])?;
+        if self.test && ran.success && !ran.timed_out {
+            ran = cargo(&["test", "--no-fail-fast"])?;
         }
-        command
-            .args(["--message-format=json", "--color=never", "-p", &self.package, "--manifest-path"])
-            .arg(&self.manifest)
-            .current_dir(&self.package_dir)
-            .env("CARGO_TARGET_DIR", &self.target_dir)
-            .env(TREE_VAR, &self.tree_dir)
-            .env(TREE_PACKAGE_VAR, &self.package_dir)
-            .env("RUST_BACKTRACE", "0");
-        let ran = run_with_timeout(&mut command, CHECK_TIMEOUT)
-            .map_err(|e| error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display())))?;
         let output = diagnostics::read_cargo_output(&ran.stdout, &self.package_dir);
         let map = PathMap {
             generated_root: output.out_dir.as_ref().map(|dir| dir.join(crate::mount::OUT_SUBDIR)),
