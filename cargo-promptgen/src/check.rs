@@ -11,7 +11,11 @@
 //!   them and mounts that tree instead of the recorded one, without reading the lock, taking
 //!   the process lock or calling a model (see `build_script.rs`). So a check never recurses
 //!   and never waits on the lock its caller holds, also when the caller is itself a build
-//!   script regenerating online.
+//!   script regenerating online. Every target is type-checked first (`cargo check
+//!   --all-targets --keep-going`), and `cargo test` runs only once that passes: Cargo stops
+//!   starting targets at the first that fails unless it keeps going, which `cargo test`
+//!   cannot, so the errors a check reports (and what it puts off, which transcripts record)
+//!   would otherwise depend on which target Cargo happened to start first.
 //! - `rustc` ([`RustcCheck`]): the generated tree alone, type-checked; fast, and blind to the
 //!   crate.
 //! - a command: runs in the package folder with the same variables.
