@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cancel::Cancel;
 use crate::chat::{Message, ToolCall, ToolSpec};
 pub use http::{HttpConfig, RetryPolicy, RetryRecord};
 use stream::{AssembledReply, StreamError};
@@ -198,6 +199,10 @@ pub struct BackendConfig {
     pub stream: bool,
     /// Timeouts and retries of the HTTP backends.
     pub http: HttpConfig,
+    /// When set, the HTTP backends abandon the request in flight at once (between two pieces
+    /// of a streamed reply, while a whole reply or the first byte is awaited, or before a
+    /// retry) with [`BackendError::Cancelled`]. Never set by default.
+    pub cancel: Cancel,
 }
 
 impl BackendConfig {
@@ -222,6 +227,7 @@ impl BackendConfig {
             script: None,
             stream: true,
             http: HttpConfig::default(),
+            cancel: Cancel::new(),
         }
     }
 
@@ -399,6 +405,14 @@ pub enum BackendError {
         url: String,
         /// What is wrong.
         detail: String,
+    },
+    /// The request was abandoned because [`BackendConfig::cancel`] was set.
+    #[error("the request to {backend} at {url} was abandoned: the step was cancelled")]
+    Cancelled {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
     },
     /// The scripted backend's file is unusable.
     #[error("script `{}`: {detail}", path.display())]
@@ -585,6 +599,7 @@ pub(crate) fn classify_transport(
             BackendError::Stalled { backend, url, silent: limit.after, pieces: 0, began: false, limit: limit.name }
         }
         http::TransportKind::Interrupted => BackendError::Interrupted { backend, url, detail, attempts },
+        http::TransportKind::Cancelled => BackendError::Cancelled { backend, url },
     }
 }
 
@@ -664,11 +679,8 @@ impl Exchange {
         bearer: Option<String>,
         config: &BackendConfig,
     ) -> Result<Exchange, BackendError> {
-        let http = http::HttpClient::new(config.http.clone()).map_err(|detail| BackendError::Config {
-            backend: kind,
-            url: url.clone(),
-            detail,
-        })?;
+        let http = http::HttpClient::new(config.http.clone(), config.cancel.clone())
+            .map_err(|detail| BackendError::Config { backend: kind, url: url.clone(), detail })?;
         Ok(Exchange {
             kind,
             url,
@@ -828,6 +840,9 @@ impl Exchange {
                             began: bytes.begun,
                             limit: limit.name,
                         });
+                    }
+                    Err(http::ChunkError::Cancelled) => {
+                        return Err(BackendError::Cancelled { backend: self.kind, url: self.url.clone() });
                     }
                     Err(http::ChunkError::Broken(detail)) => {
                         broken = Some(detail);
