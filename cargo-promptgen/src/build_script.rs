@@ -148,7 +148,8 @@ impl Builder {
                     eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
                 }
             };
-            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, &mut show)?;
+            let never = codegen_core::Cancel::new();
+            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, &never, &mut show)?;
             let pending = result
                 .steps
                 .iter()

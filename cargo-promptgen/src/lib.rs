@@ -87,6 +87,7 @@
 //! that is not part of the API and may change in any release.
 #![deny(missing_docs)]
 
+mod attempts;
 mod build_script;
 mod cache;
 mod check;
@@ -117,6 +118,9 @@ pub use error::{Error, StaleStep};
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
+    pub mod attempts {
+        pub use crate::attempts::*;
+    }
     pub mod cache {
         pub use crate::cache::*;
     }

@@ -139,6 +139,9 @@ pub struct Progress<'a> {
     /// The tool the model is calling, as soon as the call's name has arrived (the latest call
     /// of the reply).
     pub tool: Option<&'a str>,
+    /// The arguments of that call so far, as text (Ollama sends each call whole, with its
+    /// arguments as an object: empty then).
+    pub tool_arguments: &'a str,
     /// The text that arrived since the last report.
     pub text: &'a str,
     /// Time since the request was sent, retries included.

@@ -1,8 +1,10 @@
 //! `cargo promptgen`: run, check, inspect and accept a package's prompt chain.
 //!
-//! Exit codes: 0 success, 1 failure or stale steps, 2 usage error.
+//! Exit codes: 0 success, 1 failure or stale steps, 2 usage error, 130 interrupted (Ctrl-C).
 
-use std::io::Write;
+mod interrupt;
+mod live;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -11,14 +13,15 @@ use anyhow::{Context, bail};
 use cargo_promptgen::__private::cache::Lookup;
 use cargo_promptgen::__private::config::{self, Chain, Overrides, StoreMode};
 use cargo_promptgen::__private::error::Error;
-use cargo_promptgen::__private::generate::{self, Destination, Progress};
+use cargo_promptgen::__private::generate::{self, Destination};
 use cargo_promptgen::__private::layout::Layout;
 use cargo_promptgen::__private::lock::Lock;
 use cargo_promptgen::__private::process_lock::ProcessLock;
 use cargo_promptgen::__private::remote::{Remote, RemoteError};
 use cargo_promptgen::__private::report;
 use cargo_promptgen::__private::sync::{self, Transfer};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use live::{Live, Verbosity};
 
 /// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
 #[derive(Parser, Debug)]
@@ -35,7 +38,31 @@ struct Cli {
     /// Options of `run`, which is what `cargo promptgen` alone does.
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    output: Output,
 }
+
+/// How much to print: cargo's own options.
+#[derive(Args, Debug, Clone, Copy)]
+struct Output {
+    /// Print nothing but errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Also print each tool call and check.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
+}
+
+impl Output {
+    fn verbosity(&self) -> Verbosity {
+        match (self.quiet, self.verbose) {
+            (true, _) => Verbosity::Quiet,
+            (false, 0) => Verbosity::Normal,
+            (false, _) => Verbosity::Verbose,
+        }
+    }
+}
+
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -132,15 +159,18 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {}", cargo_promptgen::__private::error::report(err.as_ref()));
-            ExitCode::from(1)
+            // 128 + SIGINT, as a shell reports a process that Ctrl-C ended.
+            let interrupted = matches!(err.downcast_ref::<Error>(), Some(Error::Interrupted { .. }));
+            ExitCode::from(if interrupted { 130 } else { 1 })
         }
     }
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let output = cli.output;
     match cli.command {
-        None => run(cli.run),
-        Some(Command::Run(args)) => run(args),
+        None => run(cli.run, output),
+        Some(Command::Run(args)) => run(args, output),
         Some(Command::Check(selection)) => check(&selection),
         Some(Command::Status(selection)) => status(&selection),
         Some(Command::Accept(selection)) => accept(&selection),
@@ -220,7 +250,8 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
     }
 }
 
-fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
+    let quiet = output.quiet;
     let overrides = Overrides {
         backend: args.backend.clone(),
         model: args.model.clone(),
@@ -254,7 +285,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             .into());
         }
-        eprintln!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
+        if !quiet {
+            eprintln!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     // With a remote: fetch what the lock names and this machine lacks, so it is not made
@@ -278,49 +311,29 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let started = Instant::now();
-    let mut stderr = std::io::stderr();
-    let mut show = |p: Progress| {
-        let line = match p {
-            Progress::StepStarted { id, reasons } => format!("step {id}: running, because {}", reasons.join("; ")),
-            Progress::Retry { id, run, seed, reason } => {
-                let reason = reason.lines().next().unwrap_or_default();
-                format!("step {id}: run {run}, with seed {seed}, because the last run failed: {reason}")
-            }
-            Progress::ModelCall { id, number, tokens, elapsed } => {
-                format!("step {id}: model call {number}, {tokens} tokens so far, {:.1}s", elapsed.as_secs_f64())
-            }
-            Progress::StepDone { id, entry, notes, elapsed } => {
-                let mut line = format!(
-                    "step {id}: done in {:.1}s, {} files, {} model calls",
-                    elapsed.as_secs_f64(),
-                    entry.files.len(),
-                    entry.model_calls
-                );
-                for note in notes {
-                    line.push_str(&format!("\n  note: {note}"));
-                }
-                line
-            }
-        };
-        let _ = writeln!(stderr, "{line}");
-    };
-    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, &mut show);
+    let mut live = Live::new(output.verbosity());
+    let cancel = interrupt::on_ctrl_c()?;
+    let result =
+        generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, &cancel, &mut |p| live.show(p));
+    live.finish();
     let result = result?;
     generate::discard_pending(&layout)?;
-    eprintln!();
-    print_status(&chain, &layout)?;
-    if !result.accepted.is_empty() {
-        eprintln!("Recorded steps {} from the results a build left pending.", result.accepted.join(", "));
+    if !quiet {
+        eprintln!();
+        print_status(&chain, &layout)?;
+        if !result.accepted.is_empty() {
+            eprintln!("Recorded steps {} from the results a build left pending.", result.accepted.join(", "));
+        }
+        if !result.removed.is_empty() {
+            eprintln!("Removed steps {} that Cargo.toml no longer declares.", result.removed.join(", "));
+        }
+        eprintln!(
+            "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
+            result.regenerated.len(),
+            chain.steps.len(),
+            started.elapsed().as_secs_f64()
+        );
     }
-    if !result.removed.is_empty() {
-        eprintln!("Removed steps {} that Cargo.toml no longer declares.", result.removed.join(", "));
-    }
-    eprintln!(
-        "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
-        result.regenerated.len(),
-        chain.steps.len(),
-        started.elapsed().as_secs_f64()
-    );
     if let Some(remote) = remote.as_ref().filter(|_| !args.no_push) {
         let transfer = sync::push(&Lock::read(&layout.lock_path())?, &layout.cache()?, remote, &chain.package_name)
             .with_context(|| {
@@ -331,7 +344,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     chain.package_name
                 )
             })?;
-        print_transfer("Pushed", "to", &transfer, remote);
+        if !quiet {
+            print_transfer("Pushed", "to", &transfer, remote);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

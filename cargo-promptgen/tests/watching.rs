@@ -1,0 +1,246 @@
+//! Watching a step work and stopping it: Ctrl-C during a slowly streamed reply, and the live
+//! line in a pseudo-terminal.
+//! Real binary, the fake LLM server on loopback; no `cargo build`.
+
+mod support;
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cargo_promptgen::__private::attempts::{self, Outcome};
+use cargo_promptgen::__private::config::{self, Overrides};
+use cargo_promptgen::__private::generate::{self, Destination};
+use cargo_promptgen::__private::layout::Layout;
+use codegen_core::Cancel;
+use promptgen_tests::{FakeLlm, Reply, Turn};
+use serde_json::json;
+use support::{Package, changes, edit, finish, run, snapshot, stderr, text, write};
+
+const TWO_STEPS: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+seed = 1
+temperature = 0.0
+check = "none"
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+
+[[package.metadata.promptgen.steps]]
+id = "02"
+prompt = "prompts/02.md"
+outputs = ["b.rs"]
+"#;
+
+const A1: &str = "pub fn a() -> &'static str { \"a1\" }\n";
+const A2: &str = "pub fn a() -> &'static str { \"a2\" }\n";
+const B1: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
+const B2: &str = "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n";
+
+fn two_steps(metadata: &str) -> Package {
+    let package = Package::new(metadata, "println!(\"{}\", generated::b::b());");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
+    package
+}
+
+/// The layout `cargo promptgen` gives `package` (the tests' shared target folder).
+fn layout_of(package: &Package, url: &str) -> (config::Chain, Layout) {
+    let overrides = Overrides { base_url: Some(url.to_string()), ..Overrides::default() };
+    let chain = config::load(&package.path("Cargo.toml"), &overrides, &|_| None).expect("the manifest loads");
+    let layout = Layout::new(&chain, &support::shared_target());
+    (chain, layout)
+}
+
+/// Runs the stale steps into the pending area, as an online build does.
+fn build_pending(package: &Package, url: &str) {
+    let (chain, layout) = layout_of(package, url);
+    generate::bring_up_to_date(&chain, &layout, &[], Destination::Pending, &Cancel::new(), &mut |_| {})
+        .expect("the build's run succeeds");
+}
+
+fn pending_dir(package: &Package) -> std::path::PathBuf {
+    support::shared_target().join("promptgen/pending").join(&package.name)
+}
+
+/// Reads `child`'s stderr on a thread, line by line, into a shared buffer.
+fn collect_stderr(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("stderr is piped");
+    let shared = std::sync::Arc::clone(&buffer);
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 1024];
+        while let Ok(n) = pipe.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            shared.lock().unwrap().push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    buffer
+}
+
+/// Waits (at most two minutes) until `text` holds `wanted`; panics if `child` ends first.
+fn wait_for(text: &std::sync::Mutex<String>, wanted: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !text.lock().unwrap().contains(wanted) {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before saying `{wanted}`:\n{}", text.lock().unwrap());
+        }
+        assert!(Instant::now() < deadline, "`{wanted}` never came:\n{}", text.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_with_deadline(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the interrupted run did not end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The same chain served by an OpenAI-compatible server, which streams a tool call's
+/// arguments piece by piece (Ollama sends each call whole).
+fn openai(metadata: &str) -> String {
+    metadata.replace("backend = \"ollama\"", "backend = \"openai\"")
+}
+
+fn v1(server: &FakeLlm) -> String {
+    format!("{}/v1", server.url())
+}
+
+/// A reply writing `content` that drips in, three characters every 300 ms: a minute or more.
+fn dripping_write(path: &str, content: &str) -> Reply {
+    Reply::turn(Turn::call("write_file", json!({"path": path, "content": content})))
+        .in_pieces(3)
+        .every(Duration::from_millis(300))
+}
+
+#[test]
+fn ctrl_c_during_a_streamed_reply_stops_at_once_records_nothing_and_keeps_the_transcript() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
+    let package = two_steps(&openai(TWO_STEPS));
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", v1(&server)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // A build leaves a result of step 02 waiting; then step 01 changes, so both are stale.
+    edit(&package, "prompts/02.md", "using a", "using a, twice");
+    server.push(write("b.rs", B2));
+    server.push(finish());
+    build_pending(&package, &v1(&server));
+    assert!(pending_dir(&package).join("promptgen.lock").is_file());
+    edit(&package, "prompts/01.md", "fn a", "fn a saying a2");
+    let package_before = snapshot(package.dir.path());
+    let pending_before = snapshot(&pending_dir(&package));
+    let requests_before = server.requests().len();
+
+    let long: String = (0..40).map(|i| format!("// line {i} of a file written slowly\n")).collect();
+    server.push(dripping_write("a.rs", &format!("{long}{A2}")));
+    let mut child = package
+        .promptgen(&["-v"])
+        .env("PROMPTGEN_BASE_URL", v1(&server))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = collect_stderr(&mut child);
+    wait_for(&said, "step 01: the reply to call 1 began", &mut child);
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = wait_with_deadline(&mut child);
+    // The stderr thread gets the rest once the pipe closes.
+    std::thread::sleep(Duration::from_millis(200));
+    let said = said.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(130), "{said}");
+    for phrase in [
+        "interrupted: step `01` was stopped during model call 1 of 8, whose reply was abandoned",
+        "nothing of it was recorded",
+        "the lock, the stored outputs and the pending results are as they were",
+        &format!("cargo promptgen log 01 -p {}", package.name),
+    ] {
+        assert!(said.contains(phrase), "expected `{phrase}` in:\n{said}");
+    }
+    assert!(!said.contains("step 01: done"), "{said}");
+    assert_eq!(server.requests().len(), requests_before + 1, "one request, abandoned:\n{said}");
+
+    // Byte for byte: the package (lock, store, prompts) and the pending area.
+    assert_eq!(changes(&package_before, &snapshot(package.dir.path())), Vec::<String>::new());
+    assert_eq!(changes(&pending_before, &snapshot(&pending_dir(&package))), Vec::<String>::new());
+
+    // The interrupted attempt is kept under the target folder, with the reply it abandoned.
+    let (_, layout) = layout_of(&package, &v1(&server));
+    let kept = attempts::read(&layout, "01", Outcome::Interrupted).unwrap().expect("the attempt is kept");
+    assert_eq!(kept.header.error.as_deref(), Some("the step was interrupted during model call 1"));
+    let partial = kept.header.partial.expect("the abandoned reply is kept");
+    assert_eq!((partial.model_call, partial.tool.as_deref()), (1, Some("write_file")));
+    assert!(kept.transcript.lines().last().unwrap().contains("\"outcome\":\"interrupted\""), "{}", kept.transcript);
+}
+
+/// `script` (util-linux) runs a shell command in a pseudo-terminal `columns` wide and copies
+/// what it shows.
+fn in_terminal(command: &str, columns: u16) -> Command {
+    let mut script = Command::new("script");
+    let sized = format!("stty cols {columns} rows 40; {command}");
+    script.args(["-q", "-e", "-c", &sized, "/dev/null"]).env("TERM", "xterm");
+    script
+}
+
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+#[test]
+fn on_a_terminal_each_running_step_has_a_live_line() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
+    let one_step = TWO_STEPS.split("[[package.metadata.promptgen.steps]]\nid = \"02\"").next().unwrap();
+    let package = two_steps(&openai(one_step));
+    let long: String = (0..10).map(|i| format!("// line {i}\n")).collect();
+    server.push(dripping_write("a.rs", &format!("{long}{A1}")));
+    server.push(finish());
+    // Recorded once; run again with --force, streamed slowly, in a terminal.
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", v1(&server)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let command = format!(
+        "cd {} && PROMPTGEN_BASE_URL={} CARGO_TARGET_DIR={} {} promptgen --force",
+        shell_quote(&package.dir.path().display().to_string()),
+        shell_quote(&v1(&server)),
+        shell_quote(&support::shared_target().display().to_string()),
+        shell_quote(env!("CARGO_BIN_EXE_cargo-promptgen")),
+    );
+    let out = in_terminal(&command, 120).stdin(Stdio::null()).output().unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    // The live line, drawn and redrawn in place while the reply dripped in.
+    assert!(screen.contains("step 01 · call 1/8 · ~"), "{screen}");
+    assert!(screen.contains("tokens/s"), "{screen}");
+    assert!(screen.contains("calling write_file"), "{screen}");
+    assert!(screen.contains("\u{1b}["), "cursor movements redraw it: {screen}");
+    // What stays: the plain lines, and the table at the end.
+    assert!(screen.contains("step 01: done in"), "{screen}");
+
+    // Without a terminal: the plain lines alone, as before.
+    server.push(write("a.rs", A2));
+    server.push(finish());
+    let out = run(package.promptgen(&["--force"]).env("PROMPTGEN_BASE_URL", v1(&server)));
+    let err = stderr(&out);
+    assert!(err.contains("step 01: model call 1, 15 tokens so far"), "{err}");
+    assert!(!err.contains("tokens/s") && !err.contains('\u{1b}'), "{err}");
+
+    // --quiet: nothing but errors.
+    server.push(write("a.rs", A1));
+    server.push(finish());
+    let out = run(package.promptgen(&["--force", "-q"]).env("PROMPTGEN_BASE_URL", v1(&server)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(stderr(&out), "", "{}", text(&out));
+}
