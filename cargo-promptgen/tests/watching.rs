@@ -1,5 +1,6 @@
-//! Watching a step work and stopping it: Ctrl-C during a slowly streamed reply, and the live
-//! line in a pseudo-terminal.
+//! Watching a step work, stopping it, and reading what happened: Ctrl-C during a slowly
+//! streamed reply, `log` and `log --html` of a chain with a repair, a refusal and a check
+//! round, a failed step's kept transcript, and the live line in a pseudo-terminal.
 //! Real binary, the fake LLM server on loopback; no `cargo build`.
 
 mod support;
@@ -8,14 +9,13 @@ use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::attempts::{self, Outcome};
 use cargo_promptgen::__private::config::{self, Overrides};
 use cargo_promptgen::__private::generate::{self, Destination};
 use cargo_promptgen::__private::layout::Layout;
 use codegen_core::Cancel;
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::json;
-use support::{Package, changes, edit, finish, run, snapshot, stderr, text, write};
+use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 const TWO_STEPS: &str = r#"
 [package.metadata.promptgen]
@@ -178,13 +178,170 @@ fn ctrl_c_during_a_streamed_reply_stops_at_once_records_nothing_and_keeps_the_tr
     assert_eq!(changes(&package_before, &snapshot(package.dir.path())), Vec::<String>::new());
     assert_eq!(changes(&pending_before, &snapshot(&pending_dir(&package))), Vec::<String>::new());
 
-    // The interrupted attempt is kept under the target folder, with the reply it abandoned.
-    let (_, layout) = layout_of(&package, &v1(&server));
-    let kept = attempts::read(&layout, "01", Outcome::Interrupted).unwrap().expect("the attempt is kept");
-    assert_eq!(kept.header.error.as_deref(), Some("the step was interrupted during model call 1"));
-    let partial = kept.header.partial.expect("the abandoned reply is kept");
-    assert_eq!((partial.model_call, partial.tool.as_deref()), (1, Some("write_file")));
-    assert!(kept.transcript.lines().last().unwrap().contains("\"outcome\":\"interrupted\""), "{}", kept.transcript);
+    // The interrupted attempt is kept for `log`, with the reply it abandoned.
+    let log = run(&mut package.promptgen(&["log", "01", "--color", "never"]));
+    assert_eq!(log.status.code(), Some(0), "{}", text(&log));
+    let shown = stdout(&log);
+    for phrase in [
+        "step 01 · interrupted",
+        "interrupted: the step was interrupted during model call 1",
+        "end: interrupted",
+        "abandoned: the reply to call 1 had",
+        "had 1 piece, calling write_file when it was interrupted",
+    ] {
+        assert!(shown.contains(phrase), "expected `{phrase}` in:\n{shown}");
+    }
+    assert!(shown.contains("also kept: recorded"), "{shown}");
+    // The recorded transcript is still there to read.
+    let log = run(&mut package.promptgen(&["log", "01", "--show", "recorded", "--color", "never"]));
+    assert!(stdout(&log).contains("step 01 · recorded · promptgen/01.transcript.jsonl"), "{}", text(&log));
+}
+
+/// A step 01 whose model is refused a path, stops without a call, fails its check once, and
+/// then finishes; step 02 plain.
+fn eventful_script() -> Vec<Reply> {
+    vec![
+        write("../outside.rs", "fn x() {}\n"),
+        Reply::turn(Turn::text("Let me think about the design first.").tokens(30, 9)),
+        write("a.rs", "pub fn a() -> &'static str { 42 }\n"),
+        finish(),
+        write("a.rs", A1),
+        finish(),
+        write("b.rs", B1),
+        finish(),
+    ]
+}
+
+const CHECKED: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+seed = 1
+temperature = 0.0
+check = "rustc"
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+
+[[package.metadata.promptgen.steps]]
+id = "02"
+prompt = "prompts/02.md"
+outputs = ["b.rs"]
+check = "none"
+"#;
+
+#[test]
+fn log_shows_a_conversation_with_its_refusal_repair_and_check_round() {
+    let server = FakeLlm::start(eventful_script());
+    let package = two_steps(CHECKED);
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    let log = run(&mut package.promptgen(&["log", "01", "--color", "never"]));
+    assert_eq!(log.status.code(), Some(0), "{}", text(&log));
+    let shown = stdout(&log);
+    for phrase in [
+        "step 01 · recorded · promptgen/01.transcript.jsonl",
+        "run 1: ollama fake-coder · native protocol · seed 1 · temperature 0 · budget 8 calls",
+        "  system\n",
+        "  user\n    Write a.rs with fn a.\n",
+        "┄┄ call 1/8 · 10 prompt + 5 completion tokens",
+        // The refused write, its arguments cut short.
+        "✗ write_file {content: \"fn x() {}\\n\", path: \"../outside.rs\"} refused",
+        "  repair\n",
+        "  model\n    Let me think about the design first.\n",
+        "You replied without calling a tool",
+        // The check round: rustc's diagnostics, and the repair told to the model.
+        "check failed (at finish):",
+        "error[E0308]",
+        "repair round 1 of 3",
+        "check passed (at finish)",
+        "→ write_file {content: \"pub fn a() -> &'static str { \\\"a1\\\" }\\n\", path: \"a.rs\"}",
+        "end: finished — done",
+        "total: 6 model calls · 80 + 34 tokens · 3 repairs · 1 check rounds",
+    ] {
+        assert!(shown.contains(phrase), "expected `{phrase}` in:\n{shown}");
+    }
+    // The timings of the run on this machine come with it.
+    assert!(shown.contains("waiting for the model"), "{shown}");
+    assert!(!shown.contains('\u{1b}'), "no colour with --color never:\n{shown}");
+
+    // Every step, in colour when asked.
+    let log = run(&mut package.promptgen(&["log", "--color", "always"]));
+    let shown = stdout(&log);
+    assert!(shown.contains("\u{1b}["), "{shown}");
+    assert!(shown.contains("step 01") && shown.contains("step 02"), "{shown}");
+
+    // An unknown step is named with the ones there are.
+    let log = run(&mut package.promptgen(&["log", "07"]));
+    assert_eq!(log.status.code(), Some(1));
+    assert!(stderr(&log).contains("there is no step `07`"), "{}", text(&log));
+}
+
+#[test]
+fn log_html_writes_one_page_that_loads_nothing_and_escapes_what_the_model_wrote() {
+    let mut script = eventful_script();
+    // What the model writes must come out as text, never as markup.
+    script[1] = Reply::turn(Turn::text("<script>alert('x')</script> & <b>bold</b>"));
+    let server = FakeLlm::start(script);
+    let package = two_steps(CHECKED);
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    let page = package.path("chain.html");
+    let out = run(&mut package.promptgen(&["log", "--html", page.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    for phrase in [
+        "id=\"step-01\"",
+        "id=\"step-02\"",
+        "<text x=\"20\" y=\"29\" class=\"name\">step 01</text>",
+        "marker-end=\"url(#arrow)\"",
+        "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;",
+        "check failed (at finish)",
+        "error[E0308]",
+        "<span class=\"k\">pub</span> <span class=\"k\">fn</span> a()",
+        "<span class=\"badge fresh\">fresh</span>",
+        "6 model calls · 60 + 30 tokens · 3 repairs · 1 check rounds",
+    ] {
+        assert!(html.contains(phrase), "expected `{phrase}` in the page");
+    }
+    assert!(!html.contains("<script"), "the page runs no script");
+    for remote in ["http://", "https://", "src=", "@import", "url(http"] {
+        let allowed =
+            remote == "http://" && html.matches(remote).count() == html.matches("http://www.w3.org/2000/svg").count();
+        assert!(allowed || !html.contains(remote), "the page loads `{remote}`");
+    }
+}
+
+#[test]
+fn a_failed_step_is_kept_for_log_and_its_error_says_so() {
+    let metadata = TWO_STEPS.replace("check = \"none\"", "check = \"none\"\nmax_model_calls = 2");
+    // Step 01 writes nothing in its two calls.
+    let server = FakeLlm::start(vec![Reply::turn(Turn::text("Thinking.")), Reply::turn(Turn::text("Still thinking."))]);
+    let package = two_steps(&metadata);
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("step `01` failed"), "{err}");
+    assert!(err.contains(&format!("What it did: `cargo promptgen log 01 -p {}`", package.name)), "{err}");
+    assert!(!package.path("promptgen.lock").exists() || !package.read("promptgen.lock").contains("id = \"01\""));
+
+    let log = run(&mut package.promptgen(&["log", "01", "--color", "never"]));
+    assert_eq!(log.status.code(), Some(0), "{}", text(&log));
+    let shown = stdout(&log);
+    for phrase in ["step 01 · failed", "failed: the step used all 2 model calls", "Still thinking.", "end: failed"] {
+        assert!(shown.contains(phrase), "expected `{phrase}` in:\n{shown}");
+    }
+    // Step 02 never ran: nothing is kept for it.
+    let log = run(&mut package.promptgen(&["log", "02", "--color", "never"]));
+    assert!(stdout(&log).contains("step 02 (stale): no transcript is kept"), "{}", text(&log));
+    let log = run(&mut package.promptgen(&["log", "01", "--show", "recorded"]));
+    assert_eq!(log.status.code(), Some(1));
+    assert!(stderr(&log).contains("step 01 has no recorded transcript; it has: failed"), "{}", text(&log));
 }
 
 /// `script` (util-linux) runs a shell command in a pseudo-terminal `columns` wide and copies
@@ -243,4 +400,26 @@ fn on_a_terminal_each_running_step_has_a_live_line() {
     let out = run(package.promptgen(&["--force", "-q"]).env("PROMPTGEN_BASE_URL", v1(&server)));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(stderr(&out), "", "{}", text(&out));
+}
+
+/// The page `scripts/html-report.sh` opens in a browser: a chain of three steps, the first with
+/// a refusal, a repair and a failed check, the second plain, the third failed.
+#[test]
+#[ignore = "run by scripts/html-report.sh, which sets PROMPTGEN_HTML_REPORT"]
+fn html_report_page() {
+    let target = std::env::var("PROMPTGEN_HTML_REPORT").expect("PROMPTGEN_HTML_REPORT names the page to write");
+    let metadata = format!(
+        "{CHECKED}\n[[package.metadata.promptgen.steps]]\nid = \"03\"\nprompt = \"prompts/03.md\"\noutputs = [\"c.rs\"]\ncheck = \"none\"\nmax_model_calls = 2\n"
+    );
+    let mut script = eventful_script();
+    script[1] = Reply::turn(Turn::text("<script>alert('x')</script> I will write a.rs next."));
+    script.push(Reply::turn(Turn::text("I am not sure what c.rs should hold.")));
+    script.push(Reply::turn(Turn::text("Still unsure.")));
+    let server = FakeLlm::start(script);
+    let package = two_steps(&metadata);
+    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(1), "step 03 fails: {}", text(&out));
+    let out = run(&mut package.promptgen(&["log", "--html", &target]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }

@@ -2,9 +2,14 @@
 //!
 //! Exit codes: 0 success, 1 failure or stale steps, 2 usage error, 130 interrupted (Ctrl-C).
 
+mod highlight;
+mod history;
+mod html;
 mod interrupt;
 mod live;
+mod log;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -42,7 +47,7 @@ struct Cli {
     output: Output,
 }
 
-/// How much to print: cargo's own options.
+/// How much to print, and in colour or not: cargo's own options.
 #[derive(Args, Debug, Clone, Copy)]
 struct Output {
     /// Print nothing but errors.
@@ -51,6 +56,9 @@ struct Output {
     /// Also print each tool call and check.
     #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
+    /// Colour: auto (on a terminal), always, never.
+    #[arg(long, value_enum, value_name = "WHEN", global = true, default_value_t = ColorArg::Auto)]
+    color: ColorArg,
 }
 
 impl Output {
@@ -63,6 +71,13 @@ impl Output {
     }
 }
 
+/// `--color`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ColorArg {
+    Auto,
+    Always,
+    Never,
+}
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -82,6 +97,9 @@ enum Command {
         #[arg(long, value_name = "ID")]
         step: Option<String>,
     },
+    /// A step's conversation (or every step's): messages, tool calls, refusals, checks, tokens
+    /// and timings; recorded, pending, failed or interrupted.
+    Log(LogArgs),
     /// Upload to the cache's remote (`cache_url`) the files promptgen.lock names that it lacks.
     Push(Selection),
     /// Download into the local cache the files promptgen.lock names that it lacks.
@@ -94,6 +112,25 @@ enum Command {
         #[arg(long, value_enum, value_name = "STORE")]
         to: StoreArg,
     },
+}
+
+/// `log`.
+#[derive(Args, Debug, Clone)]
+struct LogArgs {
+    #[command(flatten)]
+    selection: Selection,
+    /// The step (default: every step, in order).
+    #[arg(value_name = "STEP")]
+    step: Option<String>,
+    /// Which transcript (default: the newest kept).
+    #[arg(long, value_enum, value_name = "KIND")]
+    show: Option<history::Kind>,
+    /// Show long texts whole instead of their first lines.
+    #[arg(long)]
+    full: bool,
+    /// Write one self-contained HTML page of the chain to FILE instead.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 /// `store --to`.
@@ -175,6 +212,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Status(selection)) => status(&selection),
         Some(Command::Accept(selection)) => accept(&selection),
         Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
+        Some(Command::Log(args)) => show_log(&args, output),
         Some(Command::Push(selection)) => push(&selection),
         Some(Command::Pull(selection)) => pull(&selection),
         Some(Command::Store { selection, to }) => store(&selection, to),
@@ -598,6 +636,49 @@ fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
     let ids: Vec<&str> = check.stale.iter().map(|s| s.id.as_str()).collect();
     println!("Still stale: {}; run `cargo promptgen -p {}`.", ids.join(", "), chain.package_name);
     Ok(ExitCode::from(1))
+}
+
+/// `out`, with the styles written to it dropped when colour is off (`--color`, a pipe, NO_COLOR).
+fn colored<W: anstream::stream::RawStream>(out: W, color: ColorArg) -> anstream::AutoStream<W> {
+    let choice = match color {
+        ColorArg::Auto => anstream::ColorChoice::Auto,
+        ColorArg::Always => anstream::ColorChoice::Always,
+        ColorArg::Never => anstream::ColorChoice::Never,
+    };
+    anstream::AutoStream::new(out, choice)
+}
+
+fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(&args.selection, &Overrides::default())?;
+    if let Some(id) = &args.step
+        && chain.step(id).is_none()
+    {
+        return Err(cargo_promptgen::Error::UnknownStep {
+            id: id.clone(),
+            package: chain.package_name.clone(),
+            known: chain.steps.iter().map(|s| s.id.clone()).collect(),
+        }
+        .into());
+    }
+    let steps = {
+        let _guard = ProcessLock::acquire(&layout)?;
+        history::collect(&chain, &layout, args.step.as_deref(), args.show)?
+    };
+    if let Some(path) = &args.html {
+        codegen_core::__private::fs::write_atomic(path, html::page(&chain, &steps).as_bytes())?;
+        if !output.quiet {
+            eprintln!("Wrote {} ({} steps).", path.display(), steps.len());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = colored(std::io::stdout().lock(), output.color);
+    for (n, step) in steps.iter().enumerate() {
+        if n > 0 {
+            writeln!(out)?;
+        }
+        log::write_step(&mut out, step, log::Limits { full: args.full })?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn diff(selection: &Selection, step: Option<&str>) -> anyhow::Result<ExitCode> {
