@@ -70,6 +70,14 @@ pub enum Error {
         /// Whether its transcript was kept under the target folder, for `cargo promptgen log`.
         kept: bool,
     },
+    /// `review` cannot accept or reject this step's pending result.
+    #[error("step `{id}`'s pending result cannot be reviewed: {why}")]
+    NotReviewable {
+        /// The step.
+        id: String,
+        /// Why.
+        why: String,
+    },
     /// A kept attempt under the target folder cannot be read.
     #[error("`{}` is not a transcript this cargo-promptgen kept ({detail}); delete it", path.display())]
     DamagedAttempt {

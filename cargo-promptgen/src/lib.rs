@@ -104,6 +104,7 @@ mod process_lock;
 #[cfg(feature = "cli")]
 mod remote;
 mod report;
+mod review;
 mod store;
 #[cfg(feature = "cli")]
 mod sync;
@@ -157,6 +158,9 @@ pub mod __private {
     }
     pub mod report {
         pub use crate::report::*;
+    }
+    pub mod review {
+        pub use crate::review::*;
     }
     pub mod store {
         pub use crate::store::*;

@@ -1,6 +1,6 @@
 //! Watching a step work, stopping it, and reading what happened: Ctrl-C during a slowly
 //! streamed reply, `log` and `log --html` of a chain with a repair, a refusal and a check
-//! round, a failed step's kept transcript, and the live line in a pseudo-terminal.
+//! round, a failed step's kept transcript, the live line in a pseudo-terminal, and `review`.
 //! Real binary, the fake LLM server on loopback; no `cargo build`.
 
 mod support;
@@ -353,6 +353,25 @@ fn in_terminal(command: &str, columns: u16) -> Command {
     script
 }
 
+/// `text` without its colours and styles (`ESC [ ... m`).
+fn strip_styles(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("\u{1b}[") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        match after.find('m') {
+            Some(end) if after[..end].chars().all(|c| c.is_ascii_digit() || c == ';') => rest = &after[end + 1..],
+            _ => {
+                out.push_str("\u{1b}[");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "'\\''"))
 }
@@ -402,6 +421,110 @@ fn on_a_terminal_each_running_step_has_a_live_line() {
     assert_eq!(stderr(&out), "", "{}", text(&out));
 }
 
+#[test]
+fn review_asks_about_each_pending_result_and_refuses_without_a_terminal() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
+    let package = two_steps(TWO_STEPS);
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // A build regenerates both steps into the pending area.
+    edit(&package, "prompts/01.md", "fn a", "fn a saying a2");
+    for reply in [write("a.rs", A2), finish(), write("b.rs", B2), finish()] {
+        server.push(reply);
+    }
+    build_pending(&package, &server.url());
+
+    // No terminal: refused, pointing at the commands that need none.
+    let out = run(&mut package.promptgen(&["review"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("needs a terminal")
+            && err.contains("cargo promptgen diff")
+            && err.contains("cargo promptgen accept"),
+        "{err}"
+    );
+
+    // In a terminal: accept 01, reject 02.
+    let command = format!(
+        "cd {} && CARGO_TARGET_DIR={} {} promptgen review",
+        shell_quote(&package.dir.path().display().to_string()),
+        shell_quote(&support::shared_target().display().to_string()),
+        shell_quote(env!("CARGO_BIN_EXE_cargo-promptgen")),
+    );
+    let mut child = in_terminal(&command, 100).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"a\nr\n").unwrap();
+        // Kept open until the review ends: `script` ends the session when its input ends.
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        let screen = strip_styles(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(out.status.code(), Some(0), "{screen}");
+        for phrase in [
+            "step 01",
+            "+pub fn a() -> &'static str { \"a2\" }",
+            "accept (a), reject (r), skip (s) or quit (q)?",
+            "accepted: step 01 is recorded in promptgen.lock",
+            "rejected: step 02's pending result is removed",
+            "1 accepted, 1 rejected, 0 skipped; 0 still pending.",
+        ] {
+            assert!(screen.contains(phrase), "expected `{phrase}` in:\n{screen}");
+        }
+    }
+    assert_eq!(package.read("promptgen/01/a.rs"), A2);
+    assert_eq!(package.read("promptgen/02/b.rs"), B1);
+    assert!(!pending_dir(&package).exists(), "nothing is pending any more");
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(1), "02 must run again after its result was rejected: {}", text(&out));
+    assert!(stdout(&out).contains("step 02: the previous step's output changed"), "{}", text(&out));
+}
+
+#[test]
+fn review_decisions_follow_the_chain() {
+    use cargo_promptgen::__private::review;
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
+    let package = two_steps(TWO_STEPS);
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    edit(&package, "prompts/01.md", "fn a", "fn a saying a2");
+    for reply in [write("a.rs", A2), finish(), write("b.rs", B2), finish()] {
+        server.push(reply);
+    }
+    build_pending(&package, &server.url());
+    let (chain, layout) = layout_of(&package, &server.url());
+    assert_eq!(review::pending_steps(&chain, &layout).unwrap(), ["01", "02"]);
+
+    // 02 was made after 01's pending result: it cannot be recorded before 01 is.
+    let lock_before = package.read("promptgen.lock");
+    let err = review::accept_step(&chain, &layout, "02").unwrap_err();
+    assert!(err.to_string().contains("made after the pending result of step 01"), "{err}");
+    assert_eq!(package.read("promptgen.lock"), lock_before);
+
+    // Rejecting 01 discards 02's result, made after it; nothing is left pending.
+    let decided = review::reject_step(&chain, &layout, "01").unwrap();
+    assert_eq!(decided.discarded, ["02"]);
+    assert!(decided.area_removed);
+    assert_eq!(package.read("promptgen.lock"), lock_before);
+    assert!(!pending_dir(&package).exists());
+    let err = review::reject_step(&chain, &layout, "01").unwrap_err();
+    assert!(err.to_string().contains("has no pending result"), "{err}");
+
+    // Made again and accepted in order, both are recorded, and the area goes.
+    for reply in [write("a.rs", A2), finish(), write("b.rs", B2), finish()] {
+        server.push(reply);
+    }
+    build_pending(&package, &server.url());
+    assert_eq!(review::accept_step(&chain, &layout, "01").unwrap(), review::Decided::default());
+    let decided = review::accept_step(&chain, &layout, "02").unwrap();
+    assert!(decided.area_removed && decided.discarded.is_empty());
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(package.read("promptgen/02/b.rs"), B2);
+}
+
 /// The page `scripts/html-report.sh` opens in a browser: a chain of three steps, the first with
 /// a refusal, a repair and a failed check, the second plain, the third failed.
 #[test]
@@ -423,3 +546,4 @@ fn html_report_page() {
     let out = run(&mut package.promptgen(&["log", "--html", &target]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+

@@ -8,6 +8,7 @@ mod html;
 mod interrupt;
 mod live;
 mod log;
+mod review;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -100,6 +101,8 @@ enum Command {
     /// A step's conversation (or every step's): messages, tool calls, refusals, checks, tokens
     /// and timings; recorded, pending, failed or interrupted.
     Log(LogArgs),
+    /// Show each pending result's diff and ask: accept, reject, skip or quit.
+    Review(Selection),
     /// Upload to the cache's remote (`cache_url`) the files promptgen.lock names that it lacks.
     Push(Selection),
     /// Download into the local cache the files promptgen.lock names that it lacks.
@@ -213,6 +216,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Accept(selection)) => accept(&selection),
         Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
         Some(Command::Log(args)) => show_log(&args, output),
+        Some(Command::Review(selection)) => {
+            let Package { chain, layout } = open(&selection, &Overrides::default())?;
+            let _guard = ProcessLock::acquire(&layout)?;
+            review::review(&chain, &layout, &mut colored(std::io::stdout(), output.color))
+        }
         Some(Command::Push(selection)) => push(&selection),
         Some(Command::Pull(selection)) => pull(&selection),
         Some(Command::Store { selection, to }) => store(&selection, to),
