@@ -197,6 +197,41 @@ fn ctrl_c_during_a_streamed_reply_stops_at_once_records_nothing_and_keeps_the_tr
     assert!(stdout(&log).contains("step 01 · recorded · promptgen/01.transcript.jsonl"), "{}", text(&log));
 }
 
+#[test]
+fn a_stream_that_stalls_fails_within_idle_timeout_secs_naming_the_server_and_records_nothing() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
+    let package = two_steps(&openai(TWO_STEPS).replace("check = \"none\"", "check = \"none\"\nidle_timeout_secs = 1"));
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", v1(&server)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    edit(&package, "prompts/01.md", "fn a", "fn a saying a2");
+    let before = snapshot(package.dir.path());
+
+    // Two pieces of the reply, then silence far past the one second the chain allows (the
+    // server is dropped at the end of the test, which ends it).
+    server.push(
+        Reply::turn(Turn::call("write_file", json!({"path": "a.rs", "content": A2})))
+            .in_pieces(4)
+            .stall_after(2, Duration::from_secs(600)),
+    );
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", v1(&server)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    for phrase in [
+        "step `01` failed",
+        // The server, by its address, and the limit that ran out.
+        &format!("at {}", v1(&server)),
+        "idle_timeout",
+        &format!("cargo promptgen log 01 -p {}", package.name),
+    ] {
+        assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
+    }
+    assert!(!err.contains("step 01: done") && !err.contains("step 02"), "{err}");
+    assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new(), "nothing is recorded");
+    assert!(!pending_dir(&package).exists(), "nothing is left pending");
+    let log = run(&mut package.promptgen(&["log", "01", "--show", "failed", "--color", "never"]));
+    assert!(stdout(&log).contains("step 01 · failed"), "{}", text(&log));
+}
+
 /// A step 01 whose model is refused a path, stops without a call, fails its check once, and
 /// then finishes; step 02 plain.
 fn eventful_script() -> Vec<Reply> {
