@@ -248,7 +248,7 @@ pub fn bring_up_to_date(
         }
     }
     for step in put_off {
-        check_in_full(chain, layout, step, &result.tree)?;
+        check_in_full(chain, layout, step, &result.tree, cancel)?;
     }
     match destination {
         Destination::Pending if !result.regenerated.is_empty() => {
@@ -313,7 +313,7 @@ pub fn the_rest_of_the_chain(chain: &Chain, index: usize, recorded: &BTreeMap<St
 
 /// Runs `step`'s check on the whole chain's `tree`, for a step whose check could only run in
 /// part when it ran (its tests needed a module a later step wrote).
-fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files) -> Result<(), Error> {
+fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files, cancel: &Cancel) -> Result<(), Error> {
     let work = layout.work_dir();
     codegen_core::__private::fs::create_dir_all(&work)?;
     let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-full-", step.id))?;
@@ -326,6 +326,7 @@ fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files
         scratch: scratch.path().join("check"),
         mounted: Files::new(),
         later: Later::default(),
+        cancel: cancel.clone(),
     };
     let Some(mut check) = check_for(setup) else { return Ok(()) };
     let failure = match check.run(&root) {
@@ -410,6 +411,7 @@ fn run_step(
             scratch: scratch.path().join("check"),
             mounted: mounted.clone(),
             later: later.clone(),
+            cancel: cancel.clone(),
         };
         let mut check = check_for(setup).map(|check| Announced { check, id: &step.id, progress: &progress });
         let outcome =
