@@ -7,9 +7,12 @@
 # mounts the generated modules. Every build starts from its own empty CARGO_TARGET_DIR, one
 # after the other; the script prints the crates compiled and the wall time.
 #
-#   scripts/cold-build.sh                 # both variants: default features, then no TLS
+#   scripts/cold-build.sh                 # the three variants below, one after the other
 #   scripts/cold-build.sh default         # only `cargo-promptgen = { path = ... }`
-#   scripts/cold-build.sh no-tls          # only `... default-features = false`
+#   scripts/cold-build.sh online          # only `... default-features = false, features = ["online"]`
+#                                         # (regenerates in `cargo build`, no TLS)
+#   scripts/cold-build.sh offline         # only `... default-features = false` (copies the
+#                                         # recorded files: no HTTP client, no model loop)
 #   REPS=3 scripts/cold-build.sh          # each variant 3 times: median [min .. max]
 #   KEEP=1 scripts/cold-build.sh          # keep the scratch folder (--timings reports)
 #   VERBOSE=1 scripts/cold-build.sh       # also list the crates compiled
@@ -21,7 +24,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 variants=("$@")
-[ ${#variants[@]} -eq 0 ] && variants=(default no-tls)
+[ ${#variants[@]} -eq 0 ] && variants=(default online offline)
 reps="${REPS:-1}"
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/promptgen-cold-build.XXXXXX")"
@@ -38,8 +41,9 @@ printf '%-8s %7s %24s %24s  %s\n' variant crates "wall seconds" "CPU seconds" de
 for variant in "${variants[@]}"; do
     case "$variant" in
         default) dep="cargo-promptgen = { path = \"$repo/cargo-promptgen\" }" ;;
-        no-tls) dep="cargo-promptgen = { path = \"$repo/cargo-promptgen\", default-features = false }" ;;
-        *) echo "unknown variant \`$variant\`: expected default or no-tls" >&2; exit 2 ;;
+        online) dep="cargo-promptgen = { path = \"$repo/cargo-promptgen\", default-features = false, features = [\"online\"] }" ;;
+        offline) dep="cargo-promptgen = { path = \"$repo/cargo-promptgen\", default-features = false }" ;;
+        *) echo "unknown variant \`$variant\`: expected default, online or offline" >&2; exit 2 ;;
     esac
     app="$scratch/app-$variant"
     mkdir -p "$app/src"

@@ -4,15 +4,15 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::MissingFile;
 use crate::config::{self, Chain, Overrides, StoreMode};
-use crate::error::Error;
-use crate::generate::{bring_up_to_date, Destination, Progress};
+use crate::error::{Error, StaleStep};
+#[cfg(feature = "online")]
+use crate::generate::{Destination, Progress, bring_up_to_date};
 use crate::layout::{target_dir_from_out_dir, Layout};
 use crate::plan::{plan, stale_steps, Records, StepState};
-use crate::check::{TREE_PACKAGE_VAR, TREE_VAR};
 use crate::out_dir::sync_dir;
 use crate::store::Files;
 use crate::process_lock::ProcessLock;
-use crate::mount::{module_tree, MODULES_FILE, OUT_SUBDIR};
+use crate::mount::{MODULES_FILE, OUT_SUBDIR, TREE_PACKAGE_VAR, TREE_VAR, module_tree};
 
 /// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
 /// for `PROMPTGEN_OFFLINE`, any value at all for `CI`.
@@ -143,20 +143,7 @@ impl Builder {
             if let Some(reason) = self.offline_reason() {
                 return Err(Error::Stale { package: chain.package_name.clone(), steps: stale, reason });
             }
-            let mut show = |p: Progress| {
-                if let Progress::StepStarted { id, .. } = p {
-                    eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
-                }
-            };
-            let never = codegen_core::Cancel::new();
-            let result = bring_up_to_date(&chain, &layout, &[], Destination::Pending, &never, &mut show)?;
-            let pending = result
-                .steps
-                .iter()
-                .filter(|(_, state)| *state == StepState::Pending)
-                .map(|(entry, _)| entry.id.clone())
-                .collect();
-            (result.tree, result.regenerated, pending)
+            self.regenerate(&chain, &layout, stale)?
         };
         let files_written = sync_dir(&generated_dir, &tree)?;
         let modules = module_tree(tree.keys(), &|file| format!("concat!(env!(\"OUT_DIR\"), \"/{OUT_SUBDIR}/{file}\")"));
@@ -173,6 +160,36 @@ impl Builder {
             );
         }
         Ok(BuildReport { generated_dir, files_written, regenerated, pending })
+    }
+
+    /// Runs the stale steps into the pending area: the tree, the steps that ran, the steps
+    /// whose results come from the pending area.
+    #[cfg(feature = "online")]
+    fn regenerate(&self, chain: &Chain, layout: &Layout, _stale: Vec<StaleStep>) -> Result<(Files, Vec<String>, Vec<String>), Error> {
+        let mut show = |p: Progress| {
+            if let Progress::StepStarted { id, .. } = p {
+                eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
+            }
+        };
+        // A build script is stopped by cargo, not by a flag: nothing ever sets this one.
+        let never = codegen_core::Cancel::new();
+        let result = bring_up_to_date(chain, layout, &[], Destination::Pending, &never, &mut show)?;
+        let pending =
+            result.steps.iter().filter(|(_, state)| *state == StepState::Pending).map(|(entry, _)| entry.id.clone()).collect();
+        Ok((result.tree, result.regenerated, pending))
+    }
+
+    /// Without the `online` feature the build entry cannot call a model: a stale step is an
+    /// error that names `cargo promptgen`.
+    #[cfg(not(feature = "online"))]
+    fn regenerate(&self, chain: &Chain, _: &Layout, stale: Vec<StaleStep>) -> Result<(Files, Vec<String>, Vec<String>), Error> {
+        Err(Error::Stale {
+            package: chain.package_name.clone(),
+            steps: stale,
+            reason: "this build entry cannot call a model (cargo-promptgen's `online` feature is off: add \
+                     `features = [\"online\"]` to regenerate in `cargo build`)"
+                .into(),
+        })
     }
 
     /// The build entry of the package a check is checking: the candidate tree in `tree`

@@ -34,13 +34,10 @@ use crate::diagnostics::{self, Diagnostic, PathMap, Place};
 use crate::layout::Layout;
 use crate::mount::module_tree;
 use crate::out_dir::sync_dir;
+use crate::redact::Redactor;
 use crate::store::{Files, walk_files};
 
-/// The variable naming the tree the build entry mounts instead of the recorded one.
-pub const TREE_VAR: &str = "PROMPTGEN_TREE";
-/// The variable naming the package (its folder) that [`TREE_VAR`] is for; every other
-/// package built meanwhile builds from its own lock, offline.
-pub const TREE_PACKAGE_VAR: &str = "PROMPTGEN_TREE_PACKAGE";
+use crate::mount::{TREE_PACKAGE_VAR, TREE_VAR};
 
 /// How long a crate check may run (compiling the dependencies the first time included)
 /// before it is stopped: a test that loops forever must not hang the run.
@@ -55,14 +52,15 @@ pub struct RustcCheck {
     rustc: PathBuf,
     edition: String,
     scratch: PathBuf,
+    redactor: Redactor,
 }
 
 impl RustcCheck {
     /// A check with the `rustc` Cargo uses (`RUSTC`, as Cargo sets it in build scripts), else
     /// `rustc` on `PATH`, for `edition`, keeping its scratch crate in `scratch`.
-    pub fn new(edition: &str, scratch: impl Into<PathBuf>) -> RustcCheck {
+    pub fn new(edition: &str, scratch: impl Into<PathBuf>, redactor: Redactor) -> RustcCheck {
         let rustc = std::env::var_os("RUSTC").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("rustc"));
-        RustcCheck { rustc, edition: edition.to_string(), scratch: scratch.into() }
+        RustcCheck { rustc, edition: edition.to_string(), scratch: scratch.into(), redactor }
     }
 }
 
@@ -79,37 +77,46 @@ impl Check for RustcCheck {
         std::fs::create_dir_all(&self.scratch).map_err(|e| error(format!("cannot create {}: {e}", self.scratch.display())))?;
         let root_file = self.scratch.join("promptgen_check.rs");
         std::fs::write(&root_file, root).map_err(|e| error(format!("cannot write {}: {e}", root_file.display())))?;
-        let output = Command::new(&self.rustc)
+        let mut command = Command::new(&self.rustc);
+        remove_secrets(&mut command);
+        let output = command
             .args(["--crate-type", "lib", "--crate-name", "promptgen_check", "--emit=metadata"])
             .arg(format!("--edition={}", self.edition))
-            .args(["--color=never", "-A", "warnings", "--out-dir"])
+            .args(["--error-format=json", "--color=never", "-A", "warnings", "--out-dir"])
             .arg(&self.scratch)
             .arg(&root_file)
+            .current_dir(&self.scratch)
             .output()
             .map_err(|e| error(format!("could not start `{}`: {e}; set RUSTC or put rustc on PATH", self.rustc.display())))?;
         if output.status.success() {
             return Ok(CheckOutcome::Passed);
         }
-        // Show the model its own paths: `view.rs`, not the scratch folder.
-        let prefix = format!("{}/", output_root.display());
-        let text = String::from_utf8_lossy(&output.stderr).replace(&prefix, "");
-        let text = text.replace(&format!("{}", root_file.display()), "(crate root)");
-        Ok(CheckOutcome::Failed(trim_diagnostics(&without_trailer(&text))))
+        // rustc writes one JSON diagnostic per line on stderr; the generated tree is the only
+        // thing the model may read here.
+        let map = PathMap {
+            generated_root: Some(output_root.to_path_buf()),
+            package_dir: self.scratch.clone(),
+            relative_to: self.scratch.clone(),
+            readable: Vec::new(),
+        };
+        let mut text: Vec<String> = Vec::new();
+        for line in String::from_utf8_lossy(&output.stderr).lines() {
+            let Ok(diagnostic) = serde_json::from_str::<Diagnostic>(line) else { continue };
+            if diagnostic.level.starts_with("error") && !diagnostic.spans.is_empty() {
+                let rendered = diagnostics::render(&diagnostic, &map);
+                if !text.contains(&rendered) {
+                    text.push(rendered);
+                }
+            }
+        }
+        if text.is_empty() {
+            return Err(error(format!(
+                "rustc failed without a diagnostic the model could use:\n{}",
+                self.redactor.filter_command_output(&tail(&String::from_utf8_lossy(&output.stderr), 20), output_root)
+            )));
+        }
+        Ok(CheckOutcome::Failed(trim_diagnostics(&self.redactor.withhold(&text.join("\n")))))
     }
-}
-
-/// rustc's diagnostics without the lines that end every failed run and tell a model nothing
-/// it can act on (`error: aborting due to ...`, `For more information about this error, try
-/// rustc --explain ...`, `Some errors have detailed explanations: ...`): every later call of
-/// the step would carry them again.
-fn without_trailer(text: &str) -> String {
-    let noise = |line: &str| {
-        line.starts_with("error: aborting due to ")
-            || line.starts_with("For more information about ")
-            || line.starts_with("Some errors have detailed explanations")
-    };
-    let kept: Vec<&str> = text.lines().filter(|line| !noise(line)).collect();
-    kept.join("\n").trim_end().to_string()
 }
 
 /// What a step's check needs besides the step: where it may keep things, and the rest of
@@ -171,13 +178,26 @@ fn backticked(message: &str) -> impl Iterator<Item = &str> {
     message.split('`').skip(1).step_by(2)
 }
 
+/// The crate's own files and folders a model may read (read-only) when its step is checked in
+/// the crate: the check's messages point into them.
+pub const CRATE_FILES_THE_MODEL_READS: [&str; 6] = ["src", "tests", "examples", "benches", "build.rs", "Cargo.toml"];
+
 /// The check `setup.step` declares, ready to run; `None` for `check = "none"`.
 pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
     let CheckSetup { chain, layout, step, scratch, mounted, later, cancel } = setup;
+    let redactor = Redactor::for_package(&chain.package_dir, chain.workspace_root.as_deref());
     match &step.check {
         CheckSpec::None => None,
-        CheckSpec::Rustc => Some(Box::new(RustcCheck::new(&chain.edition, scratch))),
+        CheckSpec::Rustc => Some(Box::new(RustcCheck::new(&chain.edition, scratch, redactor))),
         CheckSpec::CargoCheck | CheckSpec::CargoTest => Some(Box::new(CrateCheck {
+            readable: CRATE_FILES_THE_MODEL_READS
+                .iter()
+                .map(|name| name.to_string())
+                .chain(step.inputs.iter().filter_map(|input| {
+                    input.real_path.strip_prefix(&chain.package_dir).ok().map(|p| p.to_string_lossy().replace('\\', "/"))
+                }))
+                .collect(),
+            redactor,
             test: step.check == CheckSpec::CargoTest,
             cargo: cargo_program(),
             manifest: chain.manifest_path.clone(),
@@ -191,12 +211,31 @@ pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
             cancel,
         })),
         CheckSpec::Command(words) => CommandCheck::new(words, &chain.package_dir).map(|check| {
-            Box::new(
-                check
-                    .env("CARGO_TARGET_DIR", layout.check_target_dir().display().to_string())
-                    .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string()),
-            ) as Box<dyn Check>
+            let inner = check
+                .env("CARGO_TARGET_DIR", layout.check_target_dir().display().to_string())
+                .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string());
+            Box::new(FilteredCommand { inner, redactor }) as Box<dyn Check>
         }),
+    }
+}
+
+/// A command check whose output, free text, is filtered before the model sees it: lines that
+/// quote a file the model may not read are dropped and known secrets withheld.
+struct FilteredCommand {
+    inner: CommandCheck,
+    redactor: Redactor,
+}
+
+impl Check for FilteredCommand {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn run(&mut self, output_root: &Path) -> Result<CheckOutcome, CheckError> {
+        Ok(match self.inner.run(output_root)? {
+            CheckOutcome::Failed(text) => CheckOutcome::Failed(self.redactor.filter_command_output(&text, output_root)),
+            other => other,
+        })
     }
 }
 
@@ -220,6 +259,9 @@ pub(crate) struct CrateCheck {
     tree_dir: PathBuf,
     mounted: Files,
     later: Later,
+    /// The package paths the model may read.
+    readable: Vec<String>,
+    redactor: Redactor,
     cancel: Cancel,
 }
 
@@ -260,6 +302,7 @@ impl Check for CrateCheck {
             generated_root: output.out_dir.as_ref().map(|dir| dir.join(crate::mount::OUT_SUBDIR)),
             package_dir: self.package_dir.clone(),
             relative_to: self.relative_to.clone(),
+            readable: self.readable.clone(),
         };
         if ran.interrupted {
             return Err(error("it was stopped: the run was interrupted".into()));
@@ -282,7 +325,7 @@ impl Check for CrateCheck {
             let mut text: Vec<String> = blamed.iter().map(|d| diagnostics::render(d, &map)).collect();
             let mut seen = std::collections::HashSet::new();
             text.retain(|t| seen.insert(t.clone()));
-            return Ok(CheckOutcome::Failed(trim_diagnostics(&text.join("\n"))));
+            return Ok(CheckOutcome::Failed(trim_diagnostics(&self.redactor.withhold(&text.join("\n")))));
         }
         if !put_off.is_empty() {
             let mut owners: Vec<&str> = put_off.iter().filter_map(|d| self.later.owner(d, &map)).collect();
@@ -307,7 +350,8 @@ impl Check for CrateCheck {
                 if failed.len() == 1 { "" } else { "s" }
             );
             for test in &failed {
-                text.push_str(&format!("\ntest `{}`:\n{}\n", test.name, map.relativize(&test.output)));
+                let output = self.redactor.filter_command_output(&map.relativize(&test.output), &self.tree_dir);
+                text.push_str(&format!("\ntest `{}`:\n{output}\n", test.name));
             }
             return Ok(CheckOutcome::Failed(trim_diagnostics(&text)));
         }
@@ -316,7 +360,7 @@ impl Check for CrateCheck {
         // problem, not the model's.
         Err(error(format!(
             "it failed without a compiler error or a failing test; Cargo said:\n{}",
-            map.relativize(&tail(&ran.stderr, 30))
+            self.redactor.filter_command_output(&map.relativize(&tail(&ran.stderr, 30)), &self.tree_dir)
         )))
     }
 }
@@ -408,21 +452,4 @@ fn kill_group(child: &mut std::process::Child) {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::without_trailer;
-
-    #[test]
-    fn the_trailer_of_rustc_goes_and_the_diagnostics_stay() {
-        let text = "error[E0308]: mismatched types\n  --> presenter.rs:28:9\n   |\nhelp: try using a conversion method\n\n\
-                    error: aborting due to 1 previous error\n\nFor more information about this error, try `rustc --explain E0308`.\n";
-        assert_eq!(
-            without_trailer(text),
-            "error[E0308]: mismatched types\n  --> presenter.rs:28:9\n   |\nhelp: try using a conversion method"
-        );
-        let many = "error[E0425]: x\n\nerror: aborting due to 2 previous errors\n\nSome errors have detailed explanations: E0308, E0425.\nFor more information about an error, try `rustc --explain E0308`.\n";
-        assert_eq!(without_trailer(many), "error[E0425]: x");
-    }
 }

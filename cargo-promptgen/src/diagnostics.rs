@@ -2,6 +2,12 @@
 //! Cargo's JSON messages and located by the paths the model knows (`user_json.rs:2:12` for a
 //! generated file, `src/main.rs:8:5` for the crate's own), and the failing tests by name with
 //! their messages. Never a build folder or an `OUT_DIR` path.
+//!
+//! Diagnostics obey the sandbox's read rules: the source lines of a span are shown only when
+//! the model could read its file with `read_file` (the generated tree, the crate's sources);
+//! a dependency's or the toolchain's file is named but not quoted; and a diagnostic that
+//! points into any other file (`.env`, a file outside the package) is withheld whole, with
+//! the reason, since even its message may quote that file.
 
 use std::path::{Path, PathBuf};
 
@@ -113,10 +119,17 @@ fn is_summary(diagnostic: &Diagnostic) -> bool {
 pub(crate) enum Place {
     /// A generated file, by its path in the generated tree (`user_json.rs`).
     Generated(String),
-    /// A file of the crate, by its path in the package (`src/main.rs`).
+    /// A file of the crate the model may read, by its path in the package (`src/main.rs`).
     Crate(String),
-    /// Anything else: a dependency's source, the standard library, a build folder.
+    /// A dependency's source or the standard library's: public, named but not quoted.
     Outside,
+    /// A file the model may not read: a protected file of the package, or one outside it.
+    Hidden {
+        /// How to name it.
+        shown: String,
+        /// Why the model may not read it.
+        why: String,
+    },
 }
 
 /// Turns the paths in diagnostics into the paths the model knows.
@@ -129,6 +142,9 @@ pub(crate) struct PathMap {
     /// The folder Cargo ran rustc in, which relative file names are relative to (the
     /// workspace root).
     pub relative_to: PathBuf,
+    /// The package paths the model may read (`src`, `tests`, `Cargo.toml`, declared inputs):
+    /// a file of the package elsewhere is hidden.
+    pub readable: Vec<String>,
 }
 
 impl PathMap {
@@ -147,10 +163,20 @@ impl PathMap {
         {
             return Place::Generated(rest.to_string());
         }
-        match path.strip_prefix(&self.package_dir) {
-            Ok(rest) if !rest.starts_with("target") => Place::Crate(slashes(rest)),
-            _ => Place::Outside,
+        if let Ok(rest) = path.strip_prefix(&self.package_dir) {
+            let rest = slashes(rest);
+            if codegen_core::sandbox::is_protected(&rest) {
+                return Place::Hidden { shown: rest, why: "it is protected: it may hold secrets".into() };
+            }
+            if self.readable.iter().any(|r| rest == *r || rest.starts_with(&format!("{r}/"))) {
+                return Place::Crate(rest);
+            }
+            return Place::Hidden { shown: rest, why: "it is not among the crate files the model may read".into() };
         }
+        if is_public(&text) {
+            return Place::Outside;
+        }
+        Place::Hidden { shown: path.display().to_string(), why: "it is outside the package".into() }
     }
 
     /// `text` with every mounted-tree path (`/…/out/promptgen/x.rs`) and package path
@@ -164,15 +190,25 @@ impl PathMap {
     }
 }
 
+/// The toolchain's and the dependencies' sources: public, fine to name.
+fn is_public(path: &str) -> bool {
+    path.contains("/.rustup/toolchains/")
+        || path.contains("/rustlib/src/")
+        || path.contains("/.cargo/registry/src/")
+        || path.contains("/.cargo/git/checkouts/")
+        || path.starts_with("/rustc/")
+}
+
 fn slashes(path: &Path) -> String {
     path.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
 }
 
-/// The path shown for a span: its place, or a word saying it is outside the crate.
+/// The path shown for a span: its place, or a word saying what kind of file it is.
 fn shown(place: &Place) -> &str {
     match place {
         Place::Generated(path) | Place::Crate(path) => path,
         Place::Outside => "(a file outside the crate: a dependency or the standard library)",
+        Place::Hidden { .. } => "(a file you may not read)",
     }
 }
 
@@ -189,6 +225,16 @@ fn shown(place: &Place) -> &str {
 pub(crate) fn render(diagnostic: &Diagnostic, map: &PathMap) -> String {
     let mut out = String::new();
     let code = diagnostic.code.as_ref().map(|c| format!("[{}]", c.code)).unwrap_or_default();
+    // Even the message of an error in a file the model may not read can quote that file
+    // (`expected item, found `API_KEY``): withhold it all.
+    if let Some(Place::Hidden { shown, why }) =
+        diagnostic.spans.iter().find(|s| s.is_primary).map(|s| map.place(&s.file_name))
+    {
+        return format!(
+            "{}{code}: (withheld: this error points into `{shown}`, a file you may not read, because {why})\n",
+            diagnostic.level
+        );
+    }
     out.push_str(&format!("{}{code}: {}\n", diagnostic.level, diagnostic.message));
     // Primary spans first, then the others that say something.
     let mut spans: Vec<&Span> = diagnostic.spans.iter().filter(|s| s.is_primary).collect();
@@ -198,6 +244,10 @@ pub(crate) fn render(diagnostic: &Diagnostic, map: &PathMap) -> String {
     }
     for child in &diagnostic.children {
         let span = child.spans.iter().find(|s| s.is_primary);
+        if span.is_some_and(|s| matches!(map.place(&s.file_name), Place::Hidden { .. })) {
+            out.push_str(&format!("  = {}: (withheld: it points into a file you may not read)\n", child.level));
+            continue;
+        }
         let suggestion = span
             .and_then(|s| s.suggested_replacement.as_deref())
             .map(|text| format!(": `{}`", text.trim()))
@@ -212,6 +262,10 @@ pub(crate) fn render(diagnostic: &Diagnostic, map: &PathMap) -> String {
 
 fn render_span(span: &Span, map: &PathMap, out: &mut String) {
     let place = map.place(&span.file_name);
+    if matches!(place, Place::Hidden { .. }) {
+        out.push_str(" --> (a file you may not read)\n");
+        return;
+    }
     out.push_str(&format!(" --> {}:{}:{}\n", shown(&place), span.line_start, span.column_start));
     if place == Place::Outside {
         if let Some(label) = &span.label {
@@ -286,6 +340,7 @@ mod tests {
             generated_root: Some(PathBuf::from("/t/debug/build/pkg-1/out/promptgen")),
             package_dir: PathBuf::from("/w/pkg"),
             relative_to: PathBuf::from("/w"),
+            readable: vec!["src".into(), "tests".into(), "Cargo.toml".into()],
         }
     }
 
@@ -296,7 +351,10 @@ mod tests {
         assert_eq!(map.place("pkg/src/main.rs"), Place::Crate("src/main.rs".into()));
         assert_eq!(map.place("/w/pkg/tests/it.rs"), Place::Crate("tests/it.rs".into()));
         assert_eq!(map.place("/root/.cargo/registry/src/x/serde-1.0/src/de.rs"), Place::Outside);
-        assert_eq!(map.place("/w/pkg/target/debug/build/x/out/y.rs"), Place::Outside);
+        assert!(matches!(map.place("/w/pkg/target/debug/build/x/out/y.rs"), Place::Hidden { .. }));
+        assert!(matches!(map.place("/w/pkg/.env"), Place::Hidden { .. }));
+        assert!(matches!(map.place("/w/pkg/notes/plan.md"), Place::Hidden { .. }));
+        assert!(matches!(map.place("/etc/passwd"), Place::Hidden { .. }));
         let fallback = PathMap { generated_root: None, ..map };
         assert_eq!(fallback.place("/t/debug/build/pkg-9/out/promptgen/a/b.rs"), Place::Generated("a/b.rs".into()));
     }
@@ -346,5 +404,29 @@ mod tests {
             failed[0].output,
             "thread 'tests::greets' panicked at src/main.rs:9:9:\nassertion `left == right` failed\n  left: \"Hi\"\n right: \"Hello\""
         );
+    }
+
+    #[test]
+    fn an_error_in_a_file_the_model_may_not_read_is_withheld_whole() {
+        let secret = serde_json::json!({"message": "expected item, found `API_KEY`", "code": null, "level": "error",
+            "spans": [{"file_name": "/w/pkg/.env", "line_start": 1, "column_start": 1, "is_primary": true,
+              "label": "expected item", "text": [{"text": "API_KEY=sk-live-secret", "highlight_start": 1, "highlight_end": 8}]}],
+            "children": []});
+        let diagnostic: Diagnostic = serde_json::from_value(secret).unwrap();
+        let shown = render(&diagnostic, &map());
+        assert!(!shown.contains("API_KEY") && !shown.contains("sk-live"), "{shown}");
+        assert!(shown.contains("withheld") && shown.contains("`.env`") && shown.contains("protected"), "{shown}");
+        // An error in the crate whose note points at such a file keeps its own text, not the note's.
+        let mixed = serde_json::json!({"message": "mismatched types", "code": {"code": "E0308"}, "level": "error",
+            "spans": [{"file_name": "/t/debug/build/pkg-1/out/promptgen/a.rs", "line_start": 2, "column_start": 5,
+              "is_primary": true, "label": "expected `u8`", "text": [{"text": "    include_str!(\"/etc/x\")", "highlight_start": 5, "highlight_end": 9}]},
+              {"file_name": "/etc/x", "line_start": 1, "column_start": 1, "is_primary": false, "label": "the secret line",
+              "text": [{"text": "root:secret", "highlight_start": 1, "highlight_end": 5}]}],
+            "children": [{"message": "root:secret is here", "code": null, "level": "note", "children": [],
+              "spans": [{"file_name": "/etc/x", "line_start": 1, "column_start": 1, "is_primary": true, "label": null, "text": []}]}]});
+        let diagnostic: Diagnostic = serde_json::from_value(mixed).unwrap();
+        let shown = render(&diagnostic, &map());
+        assert!(shown.contains("a.rs:2:5") && !shown.contains("root:secret") && !shown.contains("the secret line"), "{shown}");
+        assert!(shown.contains("(a file you may not read)"), "{shown}");
     }
 }

@@ -86,6 +86,17 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// A generated file would read a file at compile time outside the generated tree (or a
+    /// protected one); it is never recorded.
+    #[error("step `{id}`: `{path}` is not recorded: {detail}. Generated code may only include files of the generated tree; rewrite the step's prompt or script so that it does not.")]
+    CompileTimeRead {
+        /// The step.
+        id: String,
+        /// The generated file.
+        path: String,
+        /// The construct and why it is refused.
+        detail: String,
+    },
     /// A step's check could run only in part when the step ran (its tests needed what a
     /// later step writes), and fails now that the chain is complete.
     #[error("step `{id}` was recorded, but its check `{check}` fails now that the whole chain is written (it could only run in part when the step ran):\n{diagnostics}\nRun `cargo promptgen --step {id}`: with the chain complete, its check runs in full and the model gets these messages.")]

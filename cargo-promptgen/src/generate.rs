@@ -625,7 +625,7 @@ fn sandbox_for(chain: &Chain, step: &StepConfig, output_root: &std::path::Path) 
         mounted.push(input.virtual_path.clone());
     }
     if matches!(step.check, CheckSpec::CargoCheck | CheckSpec::CargoTest) {
-        for name in ["src", "tests", "examples", "benches", "build.rs", "Cargo.toml"] {
+        for name in crate::check::CRATE_FILES_THE_MODEL_READS {
             let real = chain.package_dir.join(name);
             let taken = mounted.iter().any(|m| m == name || m.starts_with(&format!("{name}/")))
                 || step.outputs.iter().any(|o| o == name || o.starts_with(&format!("{name}/")));

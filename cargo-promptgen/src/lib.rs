@@ -11,9 +11,13 @@
 //! # Using it in a crate
 //!
 //! ```sh
-//! cargo add --build cargo-promptgen
+//! cargo add --build cargo-promptgen --no-default-features   # copies the recorded files
 //! cargo install cargo-promptgen      # for the `cargo promptgen` subcommand
 //! ```
+//!
+//! Without features the build entry compiles no HTTP client and never calls a model. Turn on
+//! `online` (`--features online`) to let `cargo build` regenerate stale steps itself, and
+//! `tls` for HTTPS to a hosted API.
 //!
 //! Declare the chain in `Cargo.toml`:
 //!
@@ -65,9 +69,10 @@
 //!
 //! - Every step fresh: the recorded files are copied (only those whose bytes changed), no
 //!   network at all.
-//! - Some step stale, and neither `PROMPTGEN_OFFLINE` nor `CI` set: the stale steps run, their
-//!   results go to a pending area under the target folder (a build script never writes the
-//!   package), and a warning says `cargo promptgen accept` records them.
+//! - Some step stale, with the `online` feature, and neither `PROMPTGEN_OFFLINE` nor `CI` set:
+//!   the stale steps run, their results go to a pending area under the target folder (a build
+//!   script never writes the package), and a warning says `cargo promptgen accept` records
+//!   them. Without `online`, a stale step fails the build as offline.
 //! - Some step stale and offline (or `CI`): the build fails, listing each stale step, what
 //!   changed in it, and the command that fixes it.
 //!
@@ -90,10 +95,13 @@
 mod attempts;
 mod build_script;
 mod cache;
+#[cfg(feature = "online")]
 mod check;
 mod config;
+#[cfg(feature = "online")]
 mod diagnostics;
 mod error;
+#[cfg(feature = "online")]
 mod generate;
 mod layout;
 mod lock;
@@ -101,9 +109,12 @@ mod mount;
 mod out_dir;
 mod plan;
 mod process_lock;
+#[cfg(feature = "online")]
+mod redact;
 #[cfg(feature = "cli")]
 mod remote;
 mod report;
+#[cfg(feature = "online")]
 mod review;
 mod store;
 #[cfg(feature = "cli")]
@@ -125,6 +136,7 @@ pub mod __private {
     pub mod cache {
         pub use crate::cache::*;
     }
+    #[cfg(feature = "online")]
     pub mod check {
         pub use crate::check::*;
     }
@@ -134,6 +146,7 @@ pub mod __private {
     pub mod error {
         pub use crate::error::*;
     }
+    #[cfg(feature = "online")]
     pub mod generate {
         pub use crate::generate::*;
     }
@@ -159,6 +172,7 @@ pub mod __private {
     pub mod report {
         pub use crate::report::*;
     }
+    #[cfg(feature = "online")]
     pub mod review {
         pub use crate::review::*;
     }

@@ -18,6 +18,14 @@ use std::collections::BTreeMap;
 /// The subfolder of `OUT_DIR` that holds the generated tree.
 pub const OUT_SUBDIR: &str = "promptgen";
 
+/// The variable naming a tree that a build entry mounts instead of the recorded one: a
+/// step's candidate tree, while the step's check builds the crate (see `check.rs`).
+pub const TREE_VAR: &str = "PROMPTGEN_TREE";
+
+/// The variable naming the package (its folder) that [`TREE_VAR`] is for; every other
+/// package built meanwhile builds from its own lock, offline.
+pub const TREE_PACKAGE_VAR: &str = "PROMPTGEN_TREE_PACKAGE";
+
 /// The file in `OUT_DIR` that mounts every generated `.rs` file as a module (see
 /// [`module_tree`]): `include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));`.
 pub const MODULES_FILE: &str = "promptgen.rs";

@@ -160,6 +160,16 @@ impl Storage {
     /// Records step `entry`'s `files` (which must hash as `entry` says) and its transcript,
     /// when there is one.
     pub fn save(&self, entry: &LockedStep, files: &Files, transcript: Option<&str>) -> Result<(), Error> {
+        // The sandbox refuses these at write time; the record refuses them whatever wrote them
+        // (a script, a hand edit of a pending result).
+        for (path, bytes) in files {
+            if path.ends_with(".rs")
+                && let Some(read) =
+                    codegen_core::sandbox::forbidden_compile_time_read(path, &String::from_utf8_lossy(bytes))
+            {
+                return Err(Error::CompileTimeRead { id: entry.id.clone(), path: path.clone(), detail: read.to_string() });
+            }
+        }
         match self {
             Storage::Folder(store) => store.save(&entry.id, files, transcript),
             Storage::Cache { cache, .. } => {

@@ -553,3 +553,27 @@ fn packages_are_chosen_and_their_workspace_found_as_cargo_does() {
     let err = stderr(&out);
     assert!(err.contains("`package.metadata.promptgen.model` is missing") && !err.contains("from-the-workspace"), "{err}");
 }
+
+/// Without the `online` feature the build entry compiles no HTTP client and no model loop:
+/// a stale step is an error that names the feature and `cargo promptgen`, and no model is
+/// called; a fresh lock builds as before.
+#[test]
+fn a_build_script_without_the_online_feature_never_calls_a_model() {
+    let server = FakeLlm::start(one_run());
+    let package = Package::new(THREE_STEPS, "println!(\"{}\", generated::c::c());");
+    support::edit(&package, "Cargo.toml", ", features = [\"online\"]", "");
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
+    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
+    let out = run(package.cargo(&["build", "--quiet"]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("`online` feature is off") && err.contains(&format!("cargo promptgen -p {}", package.name)), "{err}");
+    assert!(server.requests().is_empty(), "{err}");
+    // `cargo promptgen` records the chain; the build then needs no model.
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&mut package.cargo(&["run", "--quiet"]));
+    assert_eq!(stdout(&out).trim(), "a1bc", "{}", text(&out));
+}

@@ -334,7 +334,7 @@ fn secrets_in_the_environment_never_reach_the_model_through_a_tests_output() {
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\ncheck_rounds = 1\n"));
     let leaky = MAIN.replace(
         "    #[test]\n    fn json_has_every_field() {",
-        "    #[test]\n    fn prints_the_environment() {\n        let env: Vec<String> = std::env::vars().map(|(k, v)| format!(\"{k}={v}\")).collect();\n        panic!(\"{}\", env.join(\" \"));\n    }\n\n    #[test]\n    fn json_has_every_field() {",
+        "    #[test]\n    fn prints_the_environment() {\n        let env: Vec<String> = std::env::vars().map(|(k, v)| format!(\"{k}={v}\")).collect();\n        panic!(\"{}\", env.join(\"\\n\"));\n    }\n\n    #[test]\n    fn json_has_every_field() {",
     );
     package.write("src/main.rs", &leaky);
     let out = run(

@@ -6,6 +6,9 @@
 //! step with [`Error::Interrupted`](crate::Error::Interrupted) before its next model call.
 //! Nothing of the abandoned reply is recorded.
 
+// Without the `http` feature only the flag is used: the waits it wakes are the HTTP client's.
+#![cfg_attr(not(feature = "http"), allow(dead_code))]
+
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;

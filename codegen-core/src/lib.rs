@@ -169,6 +169,7 @@ pub mod backend;
 mod cancel;
 pub mod chat;
 pub mod check;
+mod compile_time;
 mod fs;
 mod protocol;
 mod report;

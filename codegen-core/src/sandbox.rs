@@ -484,6 +484,17 @@ impl Sandbox {
                 ),
             ));
         }
+        if vpath.ends_with(".rs")
+            && let Some(read) = forbidden_compile_time_read(&vpath, content)
+        {
+            return Err(refusal(
+                vpath,
+                format!(
+                    "was not written: its content uses {read}. Put what the code needs into the file itself (or into \
+                     another file you write)"
+                ),
+            ));
+        }
         let max = self.limits.max_write_bytes;
         if content.len() as u64 > max {
             return Err(refusal(
@@ -1116,6 +1127,17 @@ fn fold(comp: &str) -> String {
 pub fn is_protected(relative_path: &str) -> bool {
     let comps: Vec<&str> = relative_path.split('/').filter(|c| !c.is_empty()).collect();
     protected_reason(&comps, true).is_some()
+}
+
+/// The first construct of the Rust source `content`, to be written at the tree path `vpath`,
+/// that would read a file at compile time outside the generated tree or a protected one
+/// (see `compile_time.rs`). The lock applies the same rule to what it records.
+#[doc(hidden)]
+pub fn forbidden_compile_time_read(vpath: &str, content: &str) -> Option<crate::compile_time::CompileTimeRead> {
+    crate::compile_time::first_forbidden_read(vpath, content, &|path| {
+        let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        protected_reason(&comps, true)
+    })
 }
 
 /// Why the path `comps` is protected, or None. `last_is_file` applies the file-name rules

@@ -2,8 +2,12 @@
 //!
 //! Every module under `generated` is written by a language model from the prompts in
 //! `../prompts` (one step per file, see `Cargo.toml`), recorded in `promptgen.lock` and
-//! `promptgen/`, and placed in `$OUT_DIR/promptgen/` by `build.rs`. This file only mounts
-//! them and starts the app.
+//! `promptgen/`, and placed in `$OUT_DIR/promptgen/` by `build.rs`. This file mounts them,
+//! starts the app, and holds the presenter's tests: step 03's check is `cargo test`, so these
+//! tests are what the generated presenter must pass before it is recorded. `names.rs` is
+//! written by hand, and the generated presenter uses it.
+
+mod names;
 
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
@@ -52,6 +56,11 @@ mod tests {
         let (result, shown) = greet(Ok("  Ada ".into()));
         result.unwrap();
         assert_eq!(shown, ["Hello, Ada!"]);
+    }
+
+    #[test]
+    fn the_name_is_tidied_by_the_crates_own_rule() {
+        assert_eq!(greeting_for(" Ada \t  Lovelace\n"), "Hello, Ada Lovelace!");
     }
 
     #[test]

@@ -41,7 +41,7 @@ publish = false
 {dependencies}
 
 [build-dependencies]
-cargo-promptgen = {{ path = "{}", default-features = false }}
+cargo-promptgen = {{ path = "{}", default-features = false, features = ["online"] }}
 
 [workspace]
 

@@ -10,8 +10,11 @@
 //! for the headers and again to each read of the body: it cannot give a streamed reply a
 //! long wait for its first byte and a short one between its pieces.
 
+#[cfg(feature = "http")]
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "http")]
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -123,6 +126,7 @@ pub struct RetryRecord {
     pub waited: Duration,
 }
 
+#[cfg(feature = "http")]
 /// A complete HTTP reply, after any retries.
 #[derive(Debug)]
 pub(crate) struct HttpReply {
@@ -131,6 +135,7 @@ pub(crate) struct HttpReply {
     pub retries: Vec<RetryRecord>,
 }
 
+#[cfg(feature = "http")]
 /// Why no complete HTTP reply could be had, after any retries.
 #[derive(Debug)]
 pub(crate) struct TransportError {
@@ -140,6 +145,7 @@ pub(crate) struct TransportError {
     pub attempts: u32,
 }
 
+#[cfg(feature = "http")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TransportKind {
     /// No connection could be opened (nothing listening, DNS, TLS handshake).
@@ -154,6 +160,7 @@ pub(crate) enum TransportKind {
     Cancelled,
 }
 
+#[cfg(feature = "http")]
 /// The first answer to a streamed request, after any retries.
 pub(crate) enum Opened<'c> {
     /// A reply read whole: an error status, or a server that answered with one JSON body.
@@ -162,6 +169,7 @@ pub(crate) enum Opened<'c> {
     Stream(Box<ByteStream<'c>>),
 }
 
+#[cfg(feature = "http")]
 /// A limit on a streamed reply's silence, and the [`HttpConfig`] field it comes from (for the
 /// message that says which to raise).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +178,7 @@ pub(crate) struct Limit {
     pub name: &'static str,
 }
 
+#[cfg(feature = "http")]
 impl Limit {
     /// The longer of the two limits.
     pub fn max_with(self, other: Limit) -> Limit {
@@ -177,6 +186,7 @@ impl Limit {
     }
 }
 
+#[cfg(feature = "http")]
 /// The body of a streamed reply, read piece by piece within the silence limits.
 pub(crate) struct ByteStream<'c> {
     runtime: &'c tokio::runtime::Runtime,
@@ -191,6 +201,7 @@ pub(crate) struct ByteStream<'c> {
     pub begun: bool,
 }
 
+#[cfg(feature = "http")]
 /// Why the next piece of a streamed body could not be had.
 pub(crate) enum ChunkError {
     /// Nothing arrived within this limit.
@@ -201,6 +212,7 @@ pub(crate) enum ChunkError {
     Cancelled,
 }
 
+#[cfg(feature = "http")]
 impl ByteStream<'_> {
     /// The next piece of the body; `None` when it has ended.
     pub fn next(&mut self) -> Result<Option<bytes::Bytes>, ChunkError> {
@@ -225,6 +237,7 @@ impl ByteStream<'_> {
     }
 }
 
+#[cfg(feature = "http")]
 pub(crate) struct HttpClient {
     client: reqwest::Client,
     runtime: tokio::runtime::Runtime,
@@ -233,6 +246,7 @@ pub(crate) struct HttpClient {
     cancel: Cancel,
 }
 
+#[cfg(feature = "http")]
 /// Why [`HttpClient::run`] gave up on a future.
 enum Stop {
     /// Its time limit ran out.
@@ -241,6 +255,7 @@ enum Stop {
     Cancelled,
 }
 
+#[cfg(feature = "http")]
 /// What one attempt came to.
 enum Attempt<T> {
     /// The server answered; `retry` holds the reason and the server's requested wait when
@@ -250,6 +265,7 @@ enum Attempt<T> {
     Failed { kind: TransportKind, detail: String },
 }
 
+#[cfg(feature = "http")]
 impl HttpClient {
     pub fn new(config: HttpConfig, cancel: Cancel) -> Result<HttpClient, String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -445,11 +461,13 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
         .with_no_client_auth())
 }
 
+#[cfg(feature = "http")]
 /// The attempt the [`Cancel`] flag stopped.
 fn cancelled<T>() -> Attempt<T> {
     Attempt::Failed { kind: TransportKind::Cancelled, detail: "the request was abandoned: cancelled".into() }
 }
 
+#[cfg(feature = "http")]
 fn is_retryable_status(status: u16, body: &str) -> bool {
     match status {
         429 => !body.contains("insufficient_quota"),
@@ -458,14 +476,15 @@ fn is_retryable_status(status: u16, body: &str) -> bool {
     }
 }
 
+#[cfg(feature = "http")]
 /// Takes up to a quarter off `wait`, so that clients that failed together retry apart.
 fn jitter(wait: Duration) -> Duration {
     wait.mul_f64(1.0 - 0.25 * fastrand::f64())
 }
 
-/// The server's requested wait: `retry-after-ms` (OpenAI's, in milliseconds) or
-/// `Retry-After` in seconds. The HTTP-date form of `Retry-After` is not honoured; the
-/// ordinary backoff applies instead.
+#[cfg(feature = "http")]
+/// The server's requested wait: `retry-after-ms` (OpenAI's, in milliseconds), or
+/// `Retry-After` in seconds or as an HTTP date (a date already past means now).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
@@ -474,10 +493,15 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     {
         return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
     }
-    let secs = header("retry-after").and_then(|v| v.parse::<f64>().ok())?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)))
+    let value = header("retry-after")?;
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
+#[cfg(feature = "http")]
 fn transport_kind(err: &reqwest::Error) -> TransportKind {
     if err.is_timeout() {
         TransportKind::Timeout
@@ -488,6 +512,7 @@ fn transport_kind(err: &reqwest::Error) -> TransportKind {
     }
 }
 
+#[cfg(feature = "http")]
 /// The error and its causes on one line: reqwest's own Display leaves out the cause that
 /// matters ("connection refused").
 pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
@@ -502,7 +527,7 @@ pub(crate) mod duration_ms {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "http"))]
 mod tests {
     use super::*;
 
@@ -543,10 +568,17 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
         headers.insert("retry-after-ms", "150".parse().unwrap());
         assert_eq!(retry_after(&headers), Some(Duration::from_millis(150)));
+        // The HTTP-date form: a date in the past means now, a later one the time until it.
         let mut dated = reqwest::header::HeaderMap::new();
         dated.insert("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
-        assert_eq!(retry_after(&dated), None);
+        assert_eq!(retry_after(&dated), Some(Duration::ZERO));
+        let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+        dated.insert("retry-after", later.parse().unwrap());
+        let wait = retry_after(&dated).unwrap();
+        assert!(wait > Duration::from_secs(25) && wait <= Duration::from_secs(30), "{wait:?}");
         dated.insert("retry-after", "-5".parse().unwrap());
+        assert_eq!(retry_after(&dated), None);
+        dated.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after(&dated), None);
     }
 }

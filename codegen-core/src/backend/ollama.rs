@@ -1,19 +1,24 @@
 //! Ollama's native chat API: `POST {host}/api/chat`, streamed as NDJSON (see `stream.rs`)
 //! or, where streaming fails, whole.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+#[cfg(feature = "http")]
+use serde::Serialize;
 use serde_json::Value;
 
 use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
-use super::{
-    Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
-    Usage, Wire, null_as_empty,
+use super::{Usage, null_as_empty};
+use crate::chat::Arguments;
+#[cfg(feature = "http")]
+use {
+    super::{Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread, Wire},
+    crate::chat::{Message, Role, ToolSpec},
 };
-use crate::chat::{Arguments, Message, Role, ToolSpec};
 
 /// Where Ollama listens when nothing says otherwise.
 pub const DEFAULT_HOST: &str = "http://127.0.0.1:11434";
 
+#[cfg(feature = "http")]
 /// A client of one Ollama server.
 pub struct Ollama {
     host: String,
@@ -21,12 +26,14 @@ pub struct Ollama {
     exchange: Exchange,
 }
 
+#[cfg(feature = "http")]
 /// What Ollama's requests carry besides the request itself.
 struct OllamaWire {
     num_ctx: u32,
     max_output_tokens: u32,
 }
 
+#[cfg(feature = "http")]
 impl Ollama {
     /// Opens a client: the host is `config.base_url`, else `OLLAMA_HOST`, else
     /// [`DEFAULT_HOST`]; every form `OLLAMA_HOST` accepts is accepted (see [`parse_host`]).
@@ -97,6 +104,7 @@ fn split_host_port(hostport: &str) -> (&str, Option<&str>) {
     }
 }
 
+#[cfg(feature = "http")]
 impl Backend for Ollama {
     fn kind(&self) -> BackendKind {
         BackendKind::Ollama
@@ -119,6 +127,7 @@ impl Backend for Ollama {
     }
 }
 
+#[cfg(feature = "http")]
 impl Wire for OllamaWire {
     // Ollama's tool parser keeps every token of a tool call until the call is complete.
     const HOLDS_BACK_TOOL_CALLS: bool = true;
@@ -188,6 +197,7 @@ pub(crate) fn apply_chunk(assembly: &mut Assembly, line: &str) -> Result<(), Str
     Ok(())
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 /// The request without its `messages`, which go in already encoded (see [`MessageCache`]).
 struct WireRequest<'a> {
@@ -199,6 +209,7 @@ struct WireRequest<'a> {
     options: WireOptions,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -210,6 +221,7 @@ struct WireOptions {
     num_predict: u32,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: Role,
@@ -222,6 +234,7 @@ struct WireMessage<'a> {
     tool_call_id: Option<&'a str>,
 }
 
+#[cfg(feature = "http")]
 impl<'a> WireMessage<'a> {
     fn from_message(message: &'a Message) -> WireMessage<'a> {
         WireMessage {
@@ -241,6 +254,7 @@ impl<'a> WireMessage<'a> {
     }
 }
 
+#[cfg(feature = "http")]
 /// An echoed tool call: the arguments go back as an object (a string breaks Ollama's parser).
 #[derive(Serialize)]
 struct WireCallOut<'a> {
@@ -248,18 +262,21 @@ struct WireCallOut<'a> {
     function: WireFunctionOut<'a>,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireFunctionOut<'a> {
     name: &'a str,
     arguments: Value,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireTool<'a> {
     r#type: &'static str,
     function: &'a ToolSpec,
 }
 
+#[cfg(feature = "http")]
 impl<'a> WireTool<'a> {
     fn from_spec(spec: &'a ToolSpec) -> WireTool<'a> {
         WireTool { r#type: "function", function: spec }

@@ -7,19 +7,24 @@
 //! llama-cpp-python ignores the tools; llama.cpp rejects an echoed call without
 //! `"type": "function"`.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+#[cfg(feature = "http")]
+use serde::Serialize;
 use serde_json::Value;
 
 use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
-use super::{
-    Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
-    Usage, Wire, null_as_empty,
+use super::{Usage, null_as_empty};
+use crate::chat::Arguments;
+#[cfg(feature = "http")]
+use {
+    super::{Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread, Wire},
+    crate::chat::{Message, Role, ToolSpec},
 };
-use crate::chat::{Arguments, Message, Role, ToolSpec};
 
 /// The base URL when neither the configuration nor `OPENAI_BASE_URL` gives one.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
+#[cfg(feature = "http")]
 /// A client of one OpenAI-compatible server.
 pub struct OpenAi {
     base: String,
@@ -27,12 +32,14 @@ pub struct OpenAi {
     exchange: Exchange,
 }
 
+#[cfg(feature = "http")]
 /// What the requests carry besides the request itself.
 struct OpenAiWire {
     /// The output cap per reply, and the field that carries it.
     output_cap: (OutputCapField, u32),
 }
 
+#[cfg(feature = "http")]
 impl OpenAi {
     /// Opens a client: base URL from `config.base_url`, else `OPENAI_BASE_URL`, else
     /// [`DEFAULT_BASE_URL`]; key from `config.api_key`, else `OPENAI_API_KEY` when set.
@@ -64,6 +71,7 @@ impl OpenAi {
     }
 }
 
+#[cfg(feature = "http")]
 impl Backend for OpenAi {
     fn kind(&self) -> BackendKind {
         BackendKind::OpenAi
@@ -86,6 +94,7 @@ impl Backend for OpenAi {
     }
 }
 
+#[cfg(feature = "http")]
 impl Wire for OpenAiWire {
     // OpenAI, llama.cpp and vLLM stream a tool call's arguments as the model writes them.
     // Ollama's `/v1` does not, and is recognised by its replies (see `Decoder`).
@@ -178,6 +187,7 @@ pub(crate) fn apply_chunk(assembly: &mut Assembly, data: &str) -> Result<(), Str
     Ok(())
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 /// The request without its `messages`, which go in already encoded (see [`MessageCache`]).
 struct WireRequest<'a> {
@@ -201,11 +211,13 @@ struct WireRequest<'a> {
     stream_options: Option<StreamOptions>,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize, PartialEq)]
 struct StreamOptions {
     include_usage: bool,
 }
 
+#[cfg(feature = "http")]
 /// Which request field carries the output cap.
 ///
 /// Every compatible server reads `max_tokens` (llama-cpp-python reads nothing else), while
@@ -217,6 +229,7 @@ enum OutputCapField {
     MaxCompletionTokens,
 }
 
+#[cfg(feature = "http")]
 impl OutputCapField {
     fn for_base_url(base: &str) -> OutputCapField {
         let host = base.split("://").nth(1).unwrap_or(base).split(['/', ':']).next().unwrap_or_default();
@@ -228,12 +241,14 @@ impl OutputCapField {
     }
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireTool<'a> {
     r#type: &'static str,
     function: &'a ToolSpec,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: Role,
@@ -247,6 +262,7 @@ struct WireMessage<'a> {
     tool_call_id: Option<&'a str>,
 }
 
+#[cfg(feature = "http")]
 impl<'a> WireMessage<'a> {
     fn from_message(message: &'a Message) -> WireMessage<'a> {
         WireMessage {
@@ -269,6 +285,7 @@ impl<'a> WireMessage<'a> {
     }
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireCallOut<'a> {
     id: &'a str,
@@ -276,6 +293,7 @@ struct WireCallOut<'a> {
     function: WireFunctionOut<'a>,
 }
 
+#[cfg(feature = "http")]
 #[derive(Serialize)]
 struct WireFunctionOut<'a> {
     name: &'a str,

@@ -20,13 +20,11 @@ impl<V: View> Presenter<V> {
     }
 }
 
-/// The greeting for `name`: `Hello, <name>!` with surrounding whitespace trimmed, or
-/// `Hello, stranger!` when nothing is left.
+/// The greeting for `name`: `Hello, <name>!` with the name tidied by
+/// [`crate::names::tidy_name`], or `Hello, stranger!` when no name is left.
 pub fn greeting_for(name: &str) -> String {
-    let name = name.trim();
-    if name.is_empty() {
-        "Hello, stranger!".to_string()
-    } else {
-        format!("Hello, {name}!")
+    match crate::names::tidy_name(name) {
+        Some(name) => format!("Hello, {name}!"),
+        None => "Hello, stranger!".to_string(),
     }
 }
