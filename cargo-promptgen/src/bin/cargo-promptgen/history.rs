@@ -222,7 +222,8 @@ fn step_history(
     let newest_attempt = [&failed, &interrupted, &succeeded]
         .into_iter()
         .flatten()
-        .max_by_key(|a| a.header.ended_at)
+        // `ended_at` is in seconds: within one second the file written last is the newest.
+        .max_by_key(|a| (a.header.ended_at, std::fs::metadata(&a.path).and_then(|m| m.modified()).ok()))
         .map(|a| a.header.outcome);
     let kind = which.or_else(|| match newest_attempt {
         Some(Outcome::Failed) => Some(Kind::Failed),
