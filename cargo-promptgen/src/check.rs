@@ -295,8 +295,9 @@ impl Check for CrateCheck {
             .env(TREE_VAR, &self.tree_dir)
             .env(TREE_PACKAGE_VAR, &self.package_dir)
             .env("RUST_BACKTRACE", "0");
-        let ran = run_with_timeout(&mut command, CHECK_TIMEOUT, &self.cancel)
-            .map_err(|e| error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display())))?;
+        let ran = run_with_timeout(&mut command, CHECK_TIMEOUT, &self.cancel).map_err(|e| {
+            error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display()))
+        })?;
         let output = diagnostics::read_cargo_output(&ran.stdout, &self.package_dir);
         let map = PathMap {
             generated_root: output.out_dir.as_ref().map(|dir| dir.join(crate::mount::OUT_SUBDIR)),

@@ -313,7 +313,13 @@ pub fn the_rest_of_the_chain(chain: &Chain, index: usize, recorded: &BTreeMap<St
 
 /// Runs `step`'s check on the whole chain's `tree`, for a step whose check could only run in
 /// part when it ran (its tests needed a module a later step wrote).
-fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files, cancel: &Cancel) -> Result<(), Error> {
+fn check_in_full(
+    chain: &Chain,
+    layout: &Layout,
+    step: &StepConfig,
+    tree: &Files,
+    cancel: &Cancel,
+) -> Result<(), Error> {
     let work = layout.work_dir();
     codegen_core::__private::fs::create_dir_all(&work)?;
     let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-full-", step.id))?;

@@ -424,7 +424,8 @@ fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_
     let stat = format!("/proc/{}/stat", test_pid.trim());
     let deadline = Instant::now() + Duration::from_secs(30);
     while let Ok(line) = std::fs::read_to_string(&stat) {
-        let state = line.rsplit(')').next().unwrap_or_default().split_whitespace().next().unwrap_or_default().to_string();
+        let state =
+            line.rsplit(')').next().unwrap_or_default().split_whitespace().next().unwrap_or_default().to_string();
         if state == "Z" {
             break;
         }
