@@ -220,7 +220,8 @@ fn a_stream_that_stalls_fails_within_idle_timeout_secs_naming_the_server_and_rec
         "step `01` failed",
         // The server, by its address, and the limit that ran out.
         &format!("at {}", v1(&server)),
-        "idle_timeout",
+        "went silent for 1 s in the middle of its streamed reply",
+        "raise `idle_timeout` (`HttpConfig`; `idle_timeout_secs` in `cargo promptgen`'s metadata)",
         &format!("cargo promptgen log 01 -p {}", package.name),
     ] {
         assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
