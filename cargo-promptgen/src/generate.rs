@@ -42,6 +42,9 @@ pub enum Progress {
         reasons: Vec<String>,
         /// Its budget of model calls.
         max_model_calls: u32,
+        /// The step it runs after (the one before it in the chain) and that step's state
+        /// now: `regenerated` (in this run), `recorded` or `pending`; `None` for the first.
+        after: Option<(String, &'static str)>,
     },
     /// A run of the step failed, and it runs again with another seed (`seed_retries`).
     Retry {
@@ -188,10 +191,21 @@ pub fn bring_up_to_date(
         let assessed = assess(chain, step, previous, &records, force)?;
         let (entry, files, state) = match assessed.state.clone() {
             StepState::Stale(reasons) => {
+                let after = result.steps.last().map(|(entry, state)| {
+                    let word = if result.regenerated.contains(&entry.id) {
+                        "regenerated"
+                    } else if *state == StepState::Pending {
+                        "pending"
+                    } else {
+                        "recorded"
+                    };
+                    (entry.id.clone(), word)
+                });
                 progress(Progress::StepStarted {
                     id: step.id.clone(),
                     reasons: reasons.clone(),
                     max_model_calls: step.max_model_calls,
+                    after,
                 });
                 let started = Instant::now();
                 let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));

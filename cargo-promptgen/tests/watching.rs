@@ -233,6 +233,34 @@ fn a_stream_that_stalls_fails_within_idle_timeout_secs_naming_the_server_and_rec
     assert!(stdout(&log).contains("step 01 · failed"), "{}", text(&log));
 }
 
+#[test]
+fn each_step_starts_naming_the_step_it_runs_after_and_its_state() {
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
+    let package = two_steps(TWO_STEPS);
+    let (chain, layout) = layout_of(&package, &server.url());
+    let mut started = Vec::new();
+    let mut collect = |progress: generate::Progress| {
+        if let generate::Progress::StepStarted { id, after, .. } = progress {
+            started.push((id, after));
+        }
+    };
+    generate::bring_up_to_date(&chain, &layout, &[], Destination::Committed, &Cancel::new(), &mut collect).unwrap();
+    assert_eq!(started, [("01".to_string(), None), ("02".to_string(), Some(("01".to_string(), "regenerated")))]);
+
+    // Only 02 runs again: 01 is as recorded.
+    started.clear();
+    server.push(write("b.rs", B2));
+    server.push(finish());
+    let mut collect = |progress: generate::Progress| {
+        if let generate::Progress::StepStarted { id, after, .. } = progress {
+            started.push((id, after));
+        }
+    };
+    let forced = ["02".to_string()];
+    generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, &Cancel::new(), &mut collect).unwrap();
+    assert_eq!(started, [("02".to_string(), Some(("01".to_string(), "recorded")))]);
+}
+
 /// A step 01 whose model is refused a path, stops without a call, fails its check once, and
 /// then finishes; step 02 plain.
 fn eventful_script() -> Vec<Reply> {
@@ -582,4 +610,3 @@ fn html_report_page() {
     let out = run(&mut package.promptgen(&["log", "--html", &target]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
-

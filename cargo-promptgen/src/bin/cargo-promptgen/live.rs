@@ -3,10 +3,11 @@
 //! On a terminal each running step has a live line, redrawn in place ten times a second:
 //!
 //! ```text
-//! ⠹ step 02 · call 3/8 · ~412 tokens · 9.8 tokens/s · 1:12 · calling write_file
+//! ⠹ step 02 · after 01 (regenerated) · call 3/8 · ~412 tokens · 9.8 tokens/s · 1:12 · calling write_file
 //! ```
 //!
-//! the call under way and the step's budget (`max_model_calls`), the tokens generated so far
+//! the step it runs after and that step's state (regenerated in this run, recorded, or
+//! pending), the call under way and the step's budget (`max_model_calls`), the tokens generated so far
 //! (the server's counts of the finished calls, plus the pieces of the reply streaming in, about
 //! one token each: hence `~`), the rate of the reply under way (or of the last one), the time
 //! since the step started, and what it is doing. Several steps can run at once: each has its
@@ -40,6 +41,8 @@ pub enum Verbosity {
 pub struct StepLine {
     /// The step.
     pub id: String,
+    /// The step it runs after, with that step's state (`01 (regenerated)`).
+    pub after: Option<String>,
     /// Its budget of model calls.
     pub max_model_calls: u32,
     /// When it started (its current run, after a retry).
@@ -76,6 +79,7 @@ impl StepLine {
     fn new(id: &str, max_model_calls: u32, now: Instant) -> StepLine {
         StepLine {
             id: id.to_string(),
+            after: None,
             max_model_calls,
             started: now,
             call: 1,
@@ -157,8 +161,9 @@ pub fn render(line: &StepLine, now: Instant) -> String {
         Activity::Writing(Some(tool)) => format!("calling {tool}"),
         Activity::Checking(check) => format!("checking with `{check}`"),
     };
+    let after = line.after.as_ref().map(|after| format!(" · after {after}")).unwrap_or_default();
     format!(
-        "step {} · call {}/{} · {tokens} · {rate} · {} · {doing}",
+        "step {}{after} · call {}/{} · {tokens} · {rate} · {} · {doing}",
         line.id,
         line.call,
         line.max_model_calls,
@@ -244,11 +249,15 @@ impl Live {
             self.print(&text);
         }
         match &progress {
-            Progress::StepStarted { id, max_model_calls, .. } => self.start(id, *max_model_calls),
+            Progress::StepStarted { id, max_model_calls, after, .. } => {
+                self.start(id, *max_model_calls, after.as_ref().map(|(after, state)| format!("{after} ({state})")))
+            }
             Progress::Retry { id, .. } => {
                 if let Some(running) = self.running.get(id) {
                     let mut line = running.line.lock().unwrap_or_else(|e| e.into_inner());
+                    let after = line.after.take();
                     *line = StepLine::new(id, line.max_model_calls, Instant::now());
+                    line.after = after;
                 }
             }
             Progress::StepDone { id, .. } | Progress::StepStopped { id, .. } => {
@@ -267,8 +276,10 @@ impl Live {
         }
     }
 
-    fn start(&mut self, id: &str, max_model_calls: u32) {
-        let line = Arc::new(Mutex::new(StepLine::new(id, max_model_calls, Instant::now())));
+    fn start(&mut self, id: &str, max_model_calls: u32, after: Option<String>) {
+        let mut first = StepLine::new(id, max_model_calls, Instant::now());
+        first.after = after;
+        let line = Arc::new(Mutex::new(first));
         let bar = self.bars.as_ref().map(|bars| {
             let shown = Arc::clone(&line);
             let style = ProgressStyle::with_template("{spinner:.cyan} {line}")
@@ -365,12 +376,23 @@ mod tests {
         assert!(render(&line, start).ends_with("· checking with `rustc`"), "{}", render(&line, start));
         line.update(&streaming(2, 1, None, 500));
         assert!(render(&line, start).contains("call 2/8 · ~45 tokens · 8.8 tokens/s"), "{}", render(&line, start));
+        // The step it runs after, and that step's state.
+        line.after = Some("01 (regenerated)".into());
+        assert!(
+            render(&line, start).starts_with("step 02 · after 01 (regenerated) · call 2/8 · "),
+            "{}",
+            render(&line, start)
+        );
     }
 
     #[test]
     fn plain_lines_say_what_happens_to_each_step_at_each_verbosity() {
-        let started =
-            Progress::StepStarted { id: "01".into(), reasons: vec!["prompt changed".into()], max_model_calls: 8 };
+        let started = Progress::StepStarted {
+            id: "01".into(),
+            reasons: vec!["prompt changed".into()],
+            max_model_calls: 8,
+            after: None,
+        };
         assert_eq!(
             plain_line(&started, Verbosity::Normal).as_deref(),
             Some("step 01: running, because prompt changed")
