@@ -336,6 +336,11 @@ fn log_shows_a_conversation_with_its_refusal_repair_and_check_round() {
     let log = run(&mut package.promptgen(&["log", "--color", "always"]));
     let shown = stdout(&log);
     assert!(shown.contains("\u{1b}["), "{shown}");
+    // Or when CARGO_TERM_COLOR says so, as in cargo; the flag wins over it.
+    let log = run(package.promptgen(&["log", "01"]).env("CARGO_TERM_COLOR", "always"));
+    assert!(stdout(&log).contains("\u{1b}["), "{}", text(&log));
+    let log = run(package.promptgen(&["log", "01", "--color", "never"]).env("CARGO_TERM_COLOR", "always"));
+    assert!(!stdout(&log).contains('\u{1b}'), "{}", text(&log));
     assert!(shown.contains("step 01") && shown.contains("step 02"), "{shown}");
 
     // An unknown step is named with the ones there are.
@@ -483,6 +488,21 @@ fn on_a_terminal_each_running_step_has_a_live_line() {
     let out = run(package.promptgen(&["--force", "-q"]).env("PROMPTGEN_BASE_URL", v1(&server)));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(stderr(&out), "", "{}", text(&out));
+
+    // As in cargo, CARGO_TERM_QUIET when no flag says otherwise.
+    server.push(write("a.rs", A2));
+    server.push(finish());
+    let out =
+        run(package.promptgen(&["--force"]).env("PROMPTGEN_BASE_URL", v1(&server)).env("CARGO_TERM_QUIET", "true"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(stderr(&out), "", "{}", text(&out));
+    server.push(write("a.rs", A1));
+    server.push(finish());
+    let out = run(package
+        .promptgen(&["--force", "-v"])
+        .env("PROMPTGEN_BASE_URL", v1(&server))
+        .env("CARGO_TERM_QUIET", "true"));
+    assert!(stderr(&out).contains("step 01: write_file ran"), "-v wins over the variable: {}", text(&out));
 }
 
 #[test]

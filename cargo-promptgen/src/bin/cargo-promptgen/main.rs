@@ -48,7 +48,8 @@ struct Cli {
     output: Output,
 }
 
-/// How much to print, and in colour or not: cargo's own options.
+/// How much to print, and in colour or not: cargo's own options, and as in cargo, its
+/// `CARGO_TERM_QUIET`, `CARGO_TERM_VERBOSE` and `CARGO_TERM_COLOR` when no flag says.
 #[derive(Args, Debug, Clone, Copy)]
 struct Output {
     /// Print nothing but errors.
@@ -57,18 +58,29 @@ struct Output {
     /// Also print each tool call and check.
     #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
-    /// Colour: auto (on a terminal), always, never.
-    #[arg(long, value_enum, value_name = "WHEN", global = true, default_value_t = ColorArg::Auto)]
-    color: ColorArg,
+    /// Colour: auto (on a terminal, the default), always, never.
+    #[arg(long, value_enum, value_name = "WHEN", global = true)]
+    color: Option<ColorArg>,
 }
 
 impl Output {
     fn verbosity(&self) -> Verbosity {
+        let set = |name: &str| std::env::var(name).is_ok_and(|value| value == "true");
         match (self.quiet, self.verbose) {
             (true, _) => Verbosity::Quiet,
+            (false, 0) if set("CARGO_TERM_QUIET") => Verbosity::Quiet,
+            (false, 0) if set("CARGO_TERM_VERBOSE") => Verbosity::Verbose,
             (false, 0) => Verbosity::Normal,
             (false, _) => Verbosity::Verbose,
         }
+    }
+
+    fn color(&self) -> ColorArg {
+        self.color.unwrap_or_else(|| match std::env::var("CARGO_TERM_COLOR").as_deref() {
+            Ok("always") => ColorArg::Always,
+            Ok("never") => ColorArg::Never,
+            _ => ColorArg::Auto,
+        })
     }
 }
 
@@ -219,7 +231,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Review(selection)) => {
             let Package { chain, layout } = open(&selection, &Overrides::default())?;
             let _guard = ProcessLock::acquire(&layout)?;
-            review::review(&chain, &layout, &mut colored(std::io::stdout(), output.color))
+            review::review(&chain, &layout, &mut colored(std::io::stdout(), output.color()))
         }
         Some(Command::Push(selection)) => push(&selection),
         Some(Command::Pull(selection)) => pull(&selection),
@@ -297,7 +309,7 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
 }
 
 fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
-    let quiet = output.quiet;
+    let quiet = output.verbosity() == Verbosity::Quiet;
     let overrides = Overrides {
         backend: args.backend.clone(),
         model: args.model.clone(),
@@ -674,12 +686,12 @@ fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
     };
     if let Some(path) = &args.html {
         codegen_core::__private::fs::write_atomic(path, html::page(&chain, &steps).as_bytes())?;
-        if !output.quiet {
+        if output.verbosity() != Verbosity::Quiet {
             eprintln!("Wrote {} ({} steps).", path.display(), steps.len());
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut out = colored(std::io::stdout().lock(), output.color);
+    let mut out = colored(std::io::stdout().lock(), output.color());
     for (n, step) in steps.iter().enumerate() {
         if n > 0 {
             writeln!(out)?;
