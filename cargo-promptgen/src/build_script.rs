@@ -114,8 +114,9 @@ impl Builder {
         let _guard = ProcessLock::acquire(&layout)?;
 
         let mut records = Records::read(&layout)?;
+        let dependency = dependency_origin(&manifest_dir);
         let ci = self.offline.is_none() && std::env::var_os("CI").is_some();
-        if ci {
+        if ci || dependency.is_some() {
             // CI builds only from the committed lock: results a build left pending on this
             // machine are not recorded yet, so their steps count as stale.
             records.pending = None;
@@ -140,6 +141,14 @@ impl Builder {
             let tree: Files = assessed.iter_mut().flat_map(|a| std::mem::take(&mut a.files)).collect();
             (tree, Vec::new(), pending)
         } else {
+            if let Some(origin) = dependency {
+                return Err(Error::StaleDependency {
+                    package: chain.package_name.clone(),
+                    origin: origin.to_string(),
+                    manifest_dir,
+                    steps: stale,
+                });
+            }
             if let Some(reason) = self.offline_reason() {
                 return Err(Error::Stale { package: chain.package_name.clone(), steps: stale, reason });
             }
@@ -242,6 +251,25 @@ impl Builder {
     }
 }
 
+/// Where the package in `manifest_dir` comes from, when it is someone else's: a registry, a
+/// git repository or a vendored directory. Such a build never calls a model: it would spend
+/// the user's model server and keys on code nobody here reviewed.
+///
+/// Cargo marks each registry package it unpacks, and each git checkout, with a `.cargo-ok`
+/// file at the folder's root (a git package may sit in a subfolder of its checkout), and
+/// `cargo vendor` writes a `.cargo-checksum.json` into each vendored package. The user's own
+/// packages (workspace members, path dependencies) have neither.
+fn dependency_origin(manifest_dir: &Path) -> Option<&'static str> {
+    if manifest_dir.join(".cargo-checksum.json").is_file() {
+        return Some("a vendored directory");
+    }
+    let unpacked = manifest_dir.ancestors().find(|dir| dir.join(".cargo-ok").is_file())?;
+    let is_git = unpacked.components().collect::<Vec<_>>().windows(2).any(|pair| {
+        pair[0].as_os_str() == "git" && pair[1].as_os_str() == "checkouts"
+    });
+    Some(if is_git { "a git repository" } else { "a registry" })
+}
+
 /// The candidate tree to mount, when this build is a check of the package in `manifest_dir`
 /// (`PROMPTGEN_TREE` names the tree and `PROMPTGEN_TREE_PACKAGE` this package).
 fn checked_tree(manifest_dir: &Path) -> Option<PathBuf> {
@@ -293,3 +321,32 @@ fn emit_rerun_directives(chain: &Chain) {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::dependency_origin;
+
+    #[test]
+    fn packages_cargo_unpacked_or_vendored_are_dependencies_and_the_users_own_are_not() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = |rel: &str| {
+            let path = home.path().join(rel);
+            std::fs::create_dir_all(&path).unwrap();
+            path
+        };
+        let registry = dir("registry/src/index.crates.io-1949cf8c6b5b557f/greeting-0.1.0");
+        std::fs::write(registry.join(".cargo-ok"), "{\"v\":1}").unwrap();
+        assert_eq!(dependency_origin(&registry), Some("a registry"));
+
+        let checkout = dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d");
+        std::fs::write(checkout.join(".cargo-ok"), "").unwrap();
+        assert_eq!(dependency_origin(&checkout), Some("a git repository"));
+        assert_eq!(dependency_origin(&dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d/crates/inner")), Some("a git repository"));
+
+        let vendored = dir("vendor/greeting");
+        std::fs::write(vendored.join(".cargo-checksum.json"), "{}").unwrap();
+        assert_eq!(dependency_origin(&vendored), Some("a vendored directory"));
+
+        assert_eq!(dependency_origin(&dir("projects/my-app")), None);
+    }
+}

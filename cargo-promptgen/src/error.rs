@@ -39,6 +39,19 @@ pub enum Error {
         /// Why no model may be called (`PROMPTGEN_OFFLINE=1`, `CI`, `--offline`).
         reason: String,
     },
+    /// Steps of a dependency (from a registry, git or a vendored directory) must be
+    /// regenerated: a dependency's build never calls a model.
+    #[error("{}", stale_dependency_message(package, origin, manifest_dir, steps))]
+    StaleDependency {
+        /// The dependency.
+        package: String,
+        /// Where it comes from: "a registry", "a git repository", "a vendored directory".
+        origin: String,
+        /// Its folder.
+        manifest_dir: PathBuf,
+        /// Each stale step and what changed in it.
+        steps: Vec<StaleStep>,
+    },
     /// A step failed; nothing was recorded for it.
     #[error("step `{id}` failed{}; nothing of it was recorded: the lock, the stored outputs and the build's previous outputs are unchanged{}{}",
         if *runs > 1 { format!(" in each of its {runs} runs (seed_retries)") } else { String::new() },
@@ -244,6 +257,25 @@ fn stale_message(package: &str, steps: &[StaleStep], reason: &str) -> String {
     }
     text.push_str(&format!(
         "Run `cargo promptgen -p {package}` where a model is reachable, review the new outputs under promptgen/, and commit them with promptgen.lock."
+    ));
+    text
+}
+
+fn stale_dependency_message(package: &str, origin: &str, manifest_dir: &std::path::Path, steps: &[StaleStep]) -> String {
+    let mut text = format!(
+        "{package} is a dependency from {origin} (`{}`), and {} step{} of its prompt chain must be regenerated:\n",
+        manifest_dir.display(),
+        steps.len(),
+        if steps.len() == 1 { "" } else { "s" }
+    );
+    for step in steps {
+        text.push_str(&format!("  step {}: {}\n", step.id, step.reasons.join("; ")));
+    }
+    text.push_str(&format!(
+        "A dependency's build never calls a model: it would use your model server and your keys to make code nobody \
+         reviewed. The fix belongs in {package}: its author runs `cargo promptgen -p {package}` and commits promptgen.lock \
+         with the generated files. Until then, depend on a revision whose lock is up to date, or use a local copy through \
+         `[patch]`, where you can run `cargo promptgen` yourself and review the result."
     ));
     text
 }

@@ -433,3 +433,68 @@ fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A hostile model (an input file that injects instructions is enough) tries to make the
+/// compiler read a secret for it: every construct that reads a file at compile time, pointed
+/// at the package's `.env` and at a file outside the package, under each check. Each write is
+/// refused with a message naming the construct, the run then ends cleanly with the honest
+/// file, and no canary reaches the server.
+#[test]
+fn compile_time_reads_of_secrets_are_refused_under_every_check() {
+    let env_canary = "sk-env-canary-81c2";
+    let outside_canary = "outside-canary-5e77";
+    let outside = tempfile::tempdir().unwrap();
+    let outside_file = outside.path().join("notes.txt");
+    std::fs::write(&outside_file, format!("{outside_canary}\n")).unwrap();
+    for check in ["rustc", "cargo check", "cargo test"] {
+        let package = package(|m| m.replace("seed = 7\n", &format!("seed = 7\ncheck = \"{check}\"\n")));
+        package.write(".env", &format!("API_KEY={env_canary}\n"));
+        let dot_env = package.path(".env");
+        let attempts = [
+            format!("include!(\"{}\");\n", dot_env.display()),
+            "pub const K: &str = include_str!(\"../../../../.env\");\n".to_string(),
+            format!("pub const K: &[u8] = include_bytes!(\"{}\");\n", outside_file.display()),
+            format!("#[path = \"{}\"]\nmod notes;\n", outside_file.display()),
+            "pub const K: &str = include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/.env\"));\n".to_string(),
+            "pub const K: &str = include_str!(\".env\");\n".to_string(),
+        ];
+        // `rustc` checks the file alone: its honest file needs nothing of the crate.
+        let honest = if check == "rustc" { "pub fn describe(name: &str, age: u32) -> String {\n    format!(\"{name} ({age})\")\n}\n" } else { GOOD };
+        let mut script: Vec<Reply> = attempts.iter().map(|code| write("user_json.rs", &format!("{code}{honest}"))).collect();
+        script.extend([write("user_json.rs", honest), finish()]);
+        let server = FakeLlm::start(script);
+        let out = promptgen(&package, &server, &[]);
+        assert_eq!(out.status.code(), Some(0), "{check}: {}", text(&out));
+        let requests = server.requests();
+        assert_eq!(requests.len(), attempts.len() + 2, "{check}: {}", text(&out));
+        for (i, construct) in ["include!", "include_str!", "include_bytes!", "path", "include_str!", "include_str!"].iter().enumerate() {
+            let told = last_message(&requests[i + 1]);
+            assert!(told.contains("was not written") && told.contains(construct), "{check}, attempt {i}: {told}");
+        }
+        for request in &requests {
+            assert!(!request.body.contains(env_canary) && !request.body.contains(outside_canary), "{check}: a canary reached the server");
+        }
+        assert!(!package.read("promptgen/01/user_json.rs").contains("include"), "{check}: only the honest file is recorded");
+    }
+}
+
+/// A command check is the user's, but its output goes to the model: one that prints `.env`
+/// has the file's secrets withheld.
+#[test]
+fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
+    let canary = "sk-env-canary-a93f";
+    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish(), finish()]);
+    let package = package(|m| {
+        m.replace("seed = 7\n", "seed = 7\ncheck = [\"sh\", \"-c\", \"cat .env; echo checked; exit 1\"]\ncheck_rounds = 1\n")
+    });
+    package.write(".env", &format!("# local settings\nAPI_KEY={canary}\n"));
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(1), "the check always fails: {}", text(&out));
+    assert_eq!(server.requests().len(), 3, "{}", text(&out));
+    let told = last_message(&server.requests()[2]);
+    assert!(told.contains("checked") && told.contains("[secret withheld]"), "the output came back, redacted: {told}");
+    for request in server.requests() {
+        assert!(!request.body.contains(canary), "the secret reached the server");
+    }
+    assert!(!stderr(&out).contains(canary), "{}", text(&out));
+}

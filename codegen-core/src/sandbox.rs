@@ -490,7 +490,7 @@ impl Sandbox {
             return Err(refusal(
                 vpath,
                 format!(
-                    "was not written: its content uses {read}. Put what the code needs into the file itself (or into \
+                    "was not written: {read}. Put what the code needs into the file itself (or into \
                      another file you write)"
                 ),
             ));
