@@ -141,6 +141,7 @@ fn main() {
         scratch: krate.root.join("scratch"),
         mounted: Default::default(),
         later: Later::default(),
+        cancel: codegen_core::Cancel::new(),
     })
     .expect("`cargo check` is the default check of a step with .rs outputs");
     let mut run_check = |n: usize| {

@@ -697,6 +697,7 @@ fn bytes_to_the_model() {
                 layout: &layout,
                 step,
                 scratch: work.path().join("check"),
+                cancel: codegen_core::Cancel::new(),
                 mounted,
                 later,
             });

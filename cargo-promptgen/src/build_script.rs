@@ -180,7 +180,9 @@ impl Builder {
                 eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
             }
         };
-        let result = bring_up_to_date(chain, layout, &[], Destination::Pending, &mut show)?;
+        // A build script is stopped by cargo, not by a flag: nothing ever sets this one.
+        let never = codegen_core::Cancel::new();
+        let result = bring_up_to_date(chain, layout, &[], Destination::Pending, &never, &mut show)?;
         let pending =
             result.steps.iter().filter(|(_, state)| *state == StepState::Pending).map(|(entry, _)| entry.id.clone()).collect();
         Ok((result.tree, result.regenerated, pending))

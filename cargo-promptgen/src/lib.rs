@@ -92,6 +92,7 @@
 //! that is not part of the API and may change in any release.
 #![deny(missing_docs)]
 
+mod attempts;
 mod build_script;
 mod cache;
 #[cfg(feature = "online")]
@@ -113,6 +114,8 @@ mod redact;
 #[cfg(feature = "cli")]
 mod remote;
 mod report;
+#[cfg(feature = "online")]
+mod review;
 mod store;
 #[cfg(feature = "cli")]
 mod sync;
@@ -127,6 +130,9 @@ pub use error::{Error, StaleStep};
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
+    pub mod attempts {
+        pub use crate::attempts::*;
+    }
     pub mod cache {
         pub use crate::cache::*;
     }
@@ -165,6 +171,10 @@ pub mod __private {
     }
     pub mod report {
         pub use crate::report::*;
+    }
+    #[cfg(feature = "online")]
+    pub mod review {
+        pub use crate::review::*;
     }
     pub mod store {
         pub use crate::store::*;
