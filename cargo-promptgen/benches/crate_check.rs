@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use cargo_promptgen::__private::check::{CheckSetup, Later, check_for};
 use cargo_promptgen::__private::config::{self, Overrides};
 use cargo_promptgen::__private::layout::Layout;
-use codegen_core::check::{Check, CheckOutcome};
+use codegen_core::check::CheckOutcome;
 
 const DOMAIN: &str = "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";
 
