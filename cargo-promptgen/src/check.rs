@@ -79,13 +79,16 @@ impl Check for RustcCheck {
         std::fs::write(&root_file, root).map_err(|e| error(format!("cannot write {}: {e}", root_file.display())))?;
         let mut command = Command::new(&self.rustc);
         remove_secrets(&mut command);
-        let output = command
+        command
             .args(["--crate-type", "lib", "--crate-name", "promptgen_check", "--emit=metadata"])
             .arg(format!("--edition={}", self.edition))
             .args(["--error-format=json", "--color=never", "-A", "warnings", "--out-dir"])
             .arg(&self.scratch)
             .arg(&root_file)
-            .current_dir(&self.scratch)
+            .current_dir(&self.scratch);
+        // Confinement (issue 13): see `confine.rs`.
+        crate::confine::rustc_check(&mut command, output_root, &self.scratch).map_err(error)?;
+        let output = command
             .output()
             .map_err(|e| error(format!("could not start `{}`: {e}; set RUSTC or put rustc on PATH", self.rustc.display())))?;
         if output.status.success() {
@@ -213,9 +216,28 @@ pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
         CheckSpec::Command(words) => CommandCheck::new(words, &chain.package_dir).map(|check| {
             let inner = check
                 .env("CARGO_TARGET_DIR", layout.check_target_dir().display().to_string())
-                .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string());
+                .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string())
+                // Confinement (issue 13): see `confine.rs`.
+                .prepare(command_confinement(chain, layout));
             Box::new(FilteredCommand { inner, redactor }) as Box<dyn Check>
         }),
+    }
+}
+
+// Confinement (issue 13): what a command check's `prepare` does; see `confine.rs`.
+fn command_confinement(chain: &Chain, layout: &Layout) -> impl Fn(&mut Command, &Path) -> Result<(), String> + Send + Sync + 'static {
+    let (manifest, package_dir) = (chain.manifest_path.clone(), chain.package_dir.clone());
+    let (package, target_dir) = (chain.package_name.clone(), layout.check_target_dir());
+    move |command: &mut Command, tree: &Path| {
+        let check = crate::confine::PackageCheck {
+            cargo: &cargo_program(),
+            manifest: &manifest,
+            package_dir: &package_dir,
+            package: &package,
+            target_dir: &target_dir,
+            tree,
+        };
+        crate::confine::package_check(command, &check)
     }
 }
 
@@ -295,6 +317,16 @@ impl Check for CrateCheck {
             .env(TREE_VAR, &self.tree_dir)
             .env(TREE_PACKAGE_VAR, &self.package_dir)
             .env("RUST_BACKTRACE", "0");
+        // Confinement (issue 13): see `confine.rs`.
+        let confined = crate::confine::PackageCheck {
+            cargo: &self.cargo,
+            manifest: &self.manifest,
+            package_dir: &self.package_dir,
+            package: &self.package,
+            target_dir: &self.target_dir,
+            tree: &self.tree_dir,
+        };
+        crate::confine::package_check(&mut command, &confined).map_err(error)?;
         let ran = run_with_timeout(&mut command, CHECK_TIMEOUT, &self.cancel).map_err(|e| {
             error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display()))
         })?;

@@ -99,6 +99,8 @@ mod cache;
 mod check;
 mod config;
 #[cfg(feature = "online")]
+mod confine;
+#[cfg(feature = "online")]
 mod diagnostics;
 mod error;
 #[cfg(feature = "online")]
@@ -142,6 +144,10 @@ pub mod __private {
     }
     pub mod config {
         pub use crate::config::*;
+    }
+    #[cfg(feature = "online")]
+    pub mod confine {
+        pub use crate::confine::*;
     }
     pub mod error {
         pub use crate::error::*;

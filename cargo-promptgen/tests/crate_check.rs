@@ -479,7 +479,8 @@ fn compile_time_reads_of_secrets_are_refused_under_every_check() {
 }
 
 /// A command check is the user's, but its output goes to the model: one that prints `.env`
-/// has the file's secrets withheld.
+/// has the file's secrets withheld. Confined, it could not read `.env` at all (see
+/// `confine.rs`'s tests), so this runs unconfined: the redaction is the defence behind it.
 #[test]
 fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
     let canary = "sk-env-canary-a93f";
@@ -488,7 +489,12 @@ fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
         m.replace("seed = 7\n", "seed = 7\ncheck = [\"sh\", \"-c\", \"cat .env; echo checked; exit 1\"]\ncheck_rounds = 1\n")
     });
     package.write(".env", &format!("# local settings\nAPI_KEY={canary}\n"));
-    let out = promptgen(&package, &server, &[]);
+    let mut command = package.promptgen(&[]);
+    command
+        .env("PROMPTGEN_BASE_URL", server.url())
+        .env("CARGO_NET_OFFLINE", "true")
+        .env("PROMPTGEN_UNCONFINED_CHECKS", "1");
+    let out = run(&mut command);
     assert_eq!(out.status.code(), Some(1), "the check always fails: {}", text(&out));
     assert_eq!(server.requests().len(), 3, "{}", text(&out));
     let told = last_message(&server.requests()[2]);
