@@ -369,7 +369,9 @@ fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
     // A hand-written test that says who it is, then sleeps; and a prompt edited, so step 01 runs.
-    let pid_file = package.path("slow-test.pid");
+    // In the check's target folder: a confined check may write there, and not in the package.
+    let pid_file = support::shared_target().join("promptgen/check-target").join(format!("{}-slow-test.pid", package.name));
+    let _ = std::fs::remove_file(&pid_file);
     package.write(
         "tests/slow.rs",
         &format!(
