@@ -52,7 +52,9 @@ for variant in "${variants[@]}"; do
         printf '[build-dependencies]\n%s\n\n[workspace]\n\n%s\n' "$dep" "$chain"
     } >"$app/Cargo.toml"
     printf 'fn main() -> Result<(), cargo_promptgen::Error> {\n    cargo_promptgen::build()\n}\n' >"$app/build.rs"
-    printf '#[allow(dead_code)]\nmod generated {\n    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));\n}\n\nfn main() {}\n' >"$app/src/main.rs"
+    # The generated presenter uses example-app's hand-written names.rs, as example-app does.
+    cp "$repo/example-app/src/names.rs" "$app/src/names.rs"
+    printf '#[allow(dead_code)]\nmod names;\n\n#[allow(dead_code)]\nmod generated {\n    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));\n}\n\nfn main() {}\n' >"$app/src/main.rs"
     cp "$repo/example-app/promptgen.lock" "$app/"
     cp -r "$repo/example-app/promptgen" "$app/"
     cp "$repo/Cargo.lock" "$app/Cargo.lock"

@@ -182,8 +182,11 @@ impl Builder {
             }
         };
         // One step at a time: a build runs inside cargo's own jobs, and its output is read
-        // after the fact.
-        let result = bring_up_to_date(chain, layout, &[], Destination::Pending, 1, &mut show)?.into_failure()?;
+        // after the fact. A build script is stopped by cargo, not by a flag: nothing ever
+        // sets this one.
+        let never = codegen_core::Cancel::new();
+        let result =
+            bring_up_to_date(chain, layout, &[], Destination::Pending, 1, &never, &mut show)?.into_failure()?;
         let pending =
             result.steps.iter().filter(|(_, state)| *state == StepState::Pending).map(|(entry, _)| entry.id.clone()).collect();
         Ok((result.tree, result.regenerated, pending))

@@ -45,6 +45,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use codegen_core::Cancel;
 use codegen_core::check::{Check, CheckError, CheckOutcome, CommandCheck, remove_secrets, trim_diagnostics};
 
 use crate::config::{Chain, CheckSpec, StepConfig};
@@ -97,13 +98,16 @@ impl Check for RustcCheck {
         std::fs::write(&root_file, root).map_err(|e| error(format!("cannot write {}: {e}", root_file.display())))?;
         let mut command = Command::new(&self.rustc);
         remove_secrets(&mut command);
-        let output = command
+        command
             .args(["--crate-type", "lib", "--crate-name", "promptgen_check", "--emit=metadata"])
             .arg(format!("--edition={}", self.edition))
             .args(["--error-format=json", "--color=never", "-A", "warnings", "--out-dir"])
             .arg(&self.scratch)
             .arg(&root_file)
-            .current_dir(&self.scratch)
+            .current_dir(&self.scratch);
+        // Confinement (issue 13): see `confine.rs`.
+        crate::confine::rustc_check(&mut command, output_root, &self.scratch).map_err(error)?;
+        let output = command
             .output()
             .map_err(|e| error(format!("could not start `{}`: {e}; set RUSTC or put rustc on PATH", self.rustc.display())))?;
         if output.status.success() {
@@ -144,6 +148,9 @@ pub struct CheckSetup<'a> {
     pub chain: &'a Chain,
     /// Its package's folders.
     pub layout: &'a Layout,
+    /// The flag that stops a crate check under way (Ctrl-C): the check is killed, with every
+    /// process it started, and fails, which ends the step as interrupted.
+    pub cancel: Cancel,
     /// The step to check.
     pub step: &'a StepConfig,
     /// The step's scratch folder (the `rustc` check keeps its crate root there).
@@ -201,7 +208,7 @@ pub const CRATE_FILES_THE_MODEL_READS: [&str; 6] = ["src", "tests", "examples", 
 
 /// The check `setup.step` declares, ready to run; `None` for `check = "none"`.
 pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
-    let CheckSetup { chain, layout, step, scratch, mounted, later } = setup;
+    let CheckSetup { chain, layout, step, scratch, mounted, later, cancel } = setup;
     let redactor = Redactor::for_package(&chain.package_dir, chain.workspace_root.as_deref());
     match &step.check {
         CheckSpec::None => None,
@@ -225,13 +232,33 @@ pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
             tree_dir: layout.check_tree_dir(&step.id),
             mounted,
             later,
+            cancel,
         })),
         CheckSpec::Command(words) => CommandCheck::new(words, &chain.package_dir).map(|check| {
             let inner = check
                 .env("CARGO_TARGET_DIR", layout.check_target_dir().display().to_string())
-                .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string());
+                .env(TREE_PACKAGE_VAR, chain.package_dir.display().to_string())
+                // Confinement (issue 13): see `confine.rs`.
+                .prepare(command_confinement(chain, layout));
             Box::new(FilteredCommand { inner, redactor }) as Box<dyn Check>
         }),
+    }
+}
+
+// Confinement (issue 13): what a command check's `prepare` does; see `confine.rs`.
+fn command_confinement(chain: &Chain, layout: &Layout) -> impl Fn(&mut Command, &Path) -> Result<(), String> + Send + Sync + 'static {
+    let (manifest, package_dir) = (chain.manifest_path.clone(), chain.package_dir.clone());
+    let (package, target_dir) = (chain.package_name.clone(), layout.check_target_dir());
+    move |command: &mut Command, tree: &Path| {
+        let check = crate::confine::PackageCheck {
+            cargo: &cargo_program(),
+            manifest: &manifest,
+            package_dir: &package_dir,
+            package: &package,
+            target_dir: &target_dir,
+            tree,
+        };
+        crate::confine::package_check(command, &check)
     }
 }
 
@@ -278,6 +305,7 @@ pub(crate) struct CrateCheck {
     /// The package paths the model may read.
     readable: Vec<String>,
     redactor: Redactor,
+    cancel: Cancel,
 }
 
 impl Check for CrateCheck {
@@ -310,12 +338,22 @@ impl Check for CrateCheck {
                 .env(TREE_VAR, &self.tree_dir)
                 .env(TREE_PACKAGE_VAR, &self.package_dir)
                 .env("RUST_BACKTRACE", "0");
-            run_with_timeout(&mut command, CHECK_TIMEOUT).map_err(|e| {
+            // Confinement (issue 13): see `confine.rs`.
+            let confined = crate::confine::PackageCheck {
+                cargo: &self.cargo,
+                manifest: &self.manifest,
+                package_dir: &self.package_dir,
+                package: &self.package,
+                target_dir: &self.target_dir,
+                tree: &self.tree_dir,
+            };
+            crate::confine::package_check(&mut command, &confined).map_err(error)?;
+            run_with_timeout(&mut command, CHECK_TIMEOUT, &self.cancel).map_err(|e| {
                 error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display()))
             })
         };
         let mut ran = cargo(&["check", "--all-targets", "--keep-going"])?;
-        if self.test && ran.success && !ran.timed_out {
+        if self.test && ran.success && !ran.timed_out && !ran.interrupted {
             ran = cargo(&["test", "--no-fail-fast"])?;
         }
         let output = diagnostics::read_cargo_output(&ran.stdout, &self.package_dir);
@@ -325,6 +363,9 @@ impl Check for CrateCheck {
             relative_to: self.relative_to.clone(),
             readable: self.readable.clone(),
         };
+        if ran.interrupted {
+            return Err(error("it was stopped: the run was interrupted".into()));
+        }
         if ran.timed_out {
             return Ok(CheckOutcome::Failed(format!(
                 "`{}` did not finish within {} s and was stopped: a test that waits or loops forever must end.",
@@ -409,12 +450,17 @@ pub(crate) fn cargo_command(cargo: &Path) -> Command {
 struct Ran {
     success: bool,
     timed_out: bool,
+    interrupted: bool,
     stdout: String,
     stderr: String,
 }
 
-/// Runs `command` to its end, or kills it after `timeout`.
-fn run_with_timeout(command: &mut Command, timeout: Duration) -> std::io::Result<Ran> {
+/// Runs `command` to its end, or kills it after `timeout` or once `cancel` is set. On Unix it
+/// runs in a process group of its own, and the whole group is killed: killing `cargo` alone
+/// would leave the `rustc` or test binary it started running.
+fn run_with_timeout(command: &mut Command, timeout: Duration, cancel: &Cancel) -> std::io::Result<Ran> {
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(command, 0);
     let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let collect = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
@@ -428,23 +474,37 @@ fn run_with_timeout(command: &mut Command, timeout: Duration) -> std::io::Result
     let stdout = collect(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let stderr = collect(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let deadline = Instant::now() + timeout;
-    let (status, timed_out) = loop {
+    let (status, timed_out, interrupted) = loop {
         if let Some(status) = child.try_wait()? {
-            break (Some(status), false);
+            break (Some(status), false, false);
         }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
+        let (timed_out, interrupted) = (Instant::now() >= deadline, cancel.is_cancelled());
+        if timed_out || interrupted {
+            kill_group(&mut child);
             let _ = child.wait();
-            break (None, true);
+            break (None, timed_out, interrupted);
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     Ok(Ran {
         success: status.is_some_and(|s| s.success()),
         timed_out,
+        interrupted,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     })
+}
+
+/// Kills `child` and, on Unix, every process of its group (see [`run_with_timeout`]).
+fn kill_group(child: &mut std::process::Child) {
+    #[cfg(unix)]
+    if let Ok(group) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative pid signals that process group; it touches no memory.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
+    }
+    let _ = child.kill();
 }
 
 /// The last `lines` lines of `text`.

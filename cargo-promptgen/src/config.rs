@@ -22,7 +22,11 @@
 //! system_prompt = "prompts/system.md"   # optional file, relative to the package directory
 //! num_ctx = 16384                       # optional, >= 1: Ollama's context window
 //! max_output_tokens = 4096              # optional, >= 1: the most tokens one reply may have
-//! request_timeout_secs = 600            # optional, >= 1
+//! request_timeout_secs = 600            # optional, >= 1: a reply asked for whole
+//! first_byte_timeout_secs = 300         # optional, >= 1: a streamed reply's silence before it
+//!                                       # begins
+//! idle_timeout_secs = 60                # optional, >= 1: a streamed reply's silence between
+//!                                       # two of its pieces
 //! check = "cargo check"                 # "cargo check" | "cargo test" | "rustc" | "none" |
 //!                                       # ["cmd", "arg", ...]; default "cargo check" for steps
 //!                                       # with .rs outputs, else "none"
@@ -254,6 +258,10 @@ with_shared_keys! {
         max_output_tokens: NonZeroU32 => "a positive integer number of tokens per model reply (e.g. 4096)",
         /// Time allowed for one model request.
         request_timeout_secs: NonZeroU64 => "a positive number of seconds (e.g. 600)",
+        /// How long a streamed reply may be silent before it begins.
+        first_byte_timeout_secs: NonZeroU64 => "a positive number of seconds (e.g. 300)",
+        /// How long a streamed reply may be silent between two of its pieces.
+        idle_timeout_secs: NonZeroU64 => "a positive number of seconds (e.g. 60)",
         /// Where the outputs the lock records are kept.
         store: StoreMode => one_of::<StoreMode>(),
         /// The cache's shared S3 remote.
@@ -502,6 +510,12 @@ pub struct Chain {
     pub max_output_tokens: u32,
     /// Time allowed for one whole model request.
     pub request_timeout: Duration,
+    /// How long a streamed reply may be silent before its first byte
+    /// (`first_byte_timeout_secs`, default [`HttpConfig::first_byte_timeout`]'s).
+    pub first_byte_timeout: Duration,
+    /// How long a streamed reply may be silent between two pieces (`idle_timeout_secs`,
+    /// default [`HttpConfig::idle_timeout`]'s): a stalled server is noticed within it.
+    pub idle_timeout: Duration,
     /// The package's Rust edition (`package.edition`, inherited from the workspace when it
     /// says `edition.workspace = true`; `2015` when absent, as cargo does).
     pub edition: String,
@@ -534,7 +548,7 @@ impl Chain {
     }
 
     /// The backend configuration for `step`: this chain's backend, URL, key, context window
-    /// and request timeout, and the step's script.
+    /// and silence and request timeouts, and the step's script.
     pub fn backend_config(&self, step: &StepConfig) -> BackendConfig {
         let mut config = BackendConfig::new(self.backend);
         config.base_url = self.base_url.clone();
@@ -543,6 +557,8 @@ impl Chain {
         config.max_output_tokens = self.max_output_tokens;
         config.script = step.script.clone();
         config.http.request_timeout = self.request_timeout;
+        config.http.first_byte_timeout = self.first_byte_timeout;
+        config.http.idle_timeout = self.idle_timeout;
         config
     }
 
@@ -1565,6 +1581,10 @@ pub fn load(
         .map_or(BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS, |(v, _)| v.get());
     let request_timeout = pick(&layers, |t| value(&t.request_timeout_secs))
         .map_or(HttpConfig::default().request_timeout, |(secs, _)| Duration::from_secs(secs.get()));
+    let first_byte_timeout = pick(&layers, |t| value(&t.first_byte_timeout_secs))
+        .map_or(HttpConfig::default().first_byte_timeout, |(secs, _)| Duration::from_secs(secs.get()));
+    let idle_timeout = pick(&layers, |t| value(&t.idle_timeout_secs))
+        .map_or(HttpConfig::default().idle_timeout, |(secs, _)| Duration::from_secs(secs.get()));
 
     let jobs = if let Some(jobs) = overrides.jobs {
         jobs.get()
@@ -1682,6 +1702,8 @@ pub fn load(
         num_ctx,
         max_output_tokens,
         request_timeout,
+        first_byte_timeout,
+        idle_timeout,
         edition,
         steps,
         graph,

@@ -53,17 +53,51 @@ pub enum Error {
         steps: Vec<StaleStep>,
     },
     /// A step failed; nothing was recorded for it.
-    #[error("step `{id}` failed{}; nothing of it was recorded: the lock, the stored outputs and the build's previous outputs are unchanged{}",
+    #[error("step `{id}` failed{}; nothing of it was recorded: the lock, the stored outputs and the build's previous outputs are unchanged{}{}",
         if *runs > 1 { format!(" in each of its {runs} runs (seed_retries)") } else { String::new() },
-        if *runs > 1 { "\nEach run is in its transcript; the cause below is the last run's." } else { "" })]
+        if *runs > 1 { "\nEach run is in its transcript; the cause below is the last run's." } else { "" },
+        if *kept { format!("\nWhat it did: `cargo promptgen log {id} -p {package}`") } else { String::new() })]
     Step {
         /// The step.
         id: String,
+        /// Its package.
+        package: String,
         /// How many times it ran (more than once with `seed_retries`).
         runs: u32,
+        /// Whether its transcript was kept under the target folder, for `cargo promptgen log`.
+        kept: bool,
         /// What went wrong, with the step's transcript.
         #[source]
         source: Box<codegen_core::StepFailure>,
+    },
+    /// The run was interrupted (Ctrl-C) while a step ran; nothing of that step was recorded.
+    #[error("interrupted: step `{id}` was stopped {during}; nothing of it was recorded: the lock, the stored outputs and the pending results are as they were before it began{}",
+        if *kept { format!("\nWhat it did until then: `cargo promptgen log {id} -p {package}`") } else { String::new() })]
+    Interrupted {
+        /// The step.
+        id: String,
+        /// Its package.
+        package: String,
+        /// When, in words: "during model call 2 of 8".
+        during: String,
+        /// Whether its transcript was kept under the target folder, for `cargo promptgen log`.
+        kept: bool,
+    },
+    /// `review` cannot accept or reject this step's pending result.
+    #[error("step `{id}`'s pending result cannot be reviewed: {why}")]
+    NotReviewable {
+        /// The step.
+        id: String,
+        /// Why.
+        why: String,
+    },
+    /// A kept attempt under the target folder cannot be read.
+    #[error("`{}` is not a transcript this cargo-promptgen kept ({detail}); delete it", path.display())]
+    DamagedAttempt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
     },
     /// A generated file would read a file at compile time outside the generated tree (or a
     /// protected one); it is never recorded.

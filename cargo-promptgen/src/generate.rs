@@ -1,13 +1,18 @@
 //! Running steps: each in a scratch copy of the tree the steps it runs after produced, up to
 //! `jobs` at a time, then recording each result as it comes, one at a time.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use codegen_core::check::CheckOutcome;
+use codegen_core::check::{Check, CheckError, CheckOutcome};
 use codegen_core::sandbox::{Sandbox, SandboxBuilder};
 use codegen_core::transcript::{Event, Volatility};
+use codegen_core::{Cancel, Observer};
+
+use crate::attempts::{self, Outcome, PartialReply};
 
 use crate::check::{CheckSetup, Later, check_for};
 use crate::config::{Chain, CheckSpec, StepConfig};
@@ -37,6 +42,11 @@ pub enum Progress {
         id: String,
         /// Why it runs.
         reasons: Vec<String>,
+        /// Its budget of model calls.
+        max_model_calls: u32,
+        /// The last of the steps it runs after (in the graph's order) and that step's state
+        /// now: `regenerated` (in this run), `recorded` or `pending`; `None` for the first.
+        after: Option<(String, &'static str)>,
     },
     /// A run of the step failed, and it runs again with another seed (`seed_retries`).
     Retry {
@@ -49,16 +59,58 @@ pub enum Progress {
         /// Why the last run failed.
         reason: String,
     },
+    /// The reply to a model call of a running step is streaming in: sent after each piece
+    /// of it (about one token each; Ollama sends a tool call whole, in one piece).
+    Streaming {
+        /// The step.
+        id: String,
+        /// The number of the call under way.
+        call: u32,
+        /// The step's budget of model calls.
+        max_model_calls: u32,
+        /// Pieces of the reply so far.
+        pieces: u64,
+        /// Characters of the reply so far, text and tool-call arguments.
+        chars: u64,
+        /// The tool the model is calling, once its name has arrived.
+        tool: Option<String>,
+        /// Time since the request was sent.
+        call_elapsed: Duration,
+    },
     /// A model call of the running step returned.
     ModelCall {
         /// The step.
         id: String,
         /// The call's number within the step.
         number: u32,
+        /// The step's budget of model calls.
+        max_model_calls: u32,
         /// Tokens so far in this step (prompt + completion).
         tokens: u64,
+        /// Completion tokens so far in this step, as the server counted them.
+        completion_tokens: u64,
+        /// This call's completion tokens, when the server counted them.
+        call_tokens: Option<u64>,
+        /// This call's time, from the request to the whole reply.
+        call_time: Option<Duration>,
         /// Time since the step started.
         elapsed: Duration,
+    },
+    /// A tool call of the running step was carried out, or refused.
+    ToolRan {
+        /// The step.
+        id: String,
+        /// The tool, as the model named it.
+        tool: String,
+        /// Whether it ran (a refusal goes back to the model as a repair).
+        ok: bool,
+    },
+    /// The running step's check starts (at `finish`, or when the model asks for it).
+    Checking {
+        /// The step.
+        id: String,
+        /// The check, e.g. `rustc`.
+        check: String,
     },
     /// A step failed: nothing of it is recorded, and the steps after it will not run.
     StepFailed {
@@ -77,6 +129,13 @@ pub enum Progress {
         notes: Vec<String>,
         /// Wall time.
         elapsed: Duration,
+    },
+    /// A step failed or was interrupted; nothing of it was recorded (the error follows).
+    StepStopped {
+        /// The step.
+        id: String,
+        /// Whether it was interrupted rather than failed.
+        interrupted: bool,
     },
 }
 
@@ -176,12 +235,15 @@ enum Message {
 /// steps' model calls and checks run on threads of their own, and their [`Progress`] comes to
 /// `progress` on the calling thread. Which steps run at the same time changes nothing a step
 /// sees ([`the_rest_of_the_chain`]), so results do not depend on `jobs`.
+/// Setting `cancel` stops the running steps at once ([`Error::Interrupted`]), recording
+/// nothing of them, and starts no other step.
 pub fn bring_up_to_date(
     chain: &Chain,
     layout: &Layout,
     forced: &[String],
     destination: Destination,
     jobs: usize,
+    cancel: &Cancel,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<ChainResult, Error> {
     let records = Records::read(layout)?;
@@ -282,7 +344,21 @@ pub fn bring_up_to_date(
             {
                 let step = &chain.steps[index];
                 if let StepState::Stale(reasons) = &assessed.state {
-                    progress(Progress::StepStarted { id: step.id.clone(), reasons: reasons.clone() });
+                    // The last of the steps it runs after, in the graph's order, and its state.
+                    let after = graph.after(index).iter().max_by_key(|&&d| graph.rank(d)).map(|&d| {
+                        let word = match &slots[d] {
+                            Slot::Done { .. } if result.regenerated.contains(&chain.steps[d].id) => "regenerated",
+                            Slot::Done { state: StepState::Pending, .. } => "pending",
+                            _ => "recorded",
+                        };
+                        (chain.steps[d].id.clone(), word)
+                    });
+                    progress(Progress::StepStarted {
+                        id: step.id.clone(),
+                        reasons: reasons.clone(),
+                        max_model_calls: step.max_model_calls,
+                        after,
+                    });
                 }
                 let tree = tree_of(graph, &graph.dependencies(index), &slots);
                 let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));
@@ -295,7 +371,8 @@ pub fn bring_up_to_date(
                         let _ = sender.send(Message::Progress(p));
                     };
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_step(chain, layout, step, &assessed, &tree, mounted, later, &mut forward)
+                        let surroundings = Surroundings { tree: &tree, mounted, later, cancel };
+                        run_step(chain, layout, step, &assessed, surroundings, &mut forward)
                     }));
                     let _ = sender.send(Message::Finished(index, Box::new(ran)));
                 });
@@ -322,6 +399,14 @@ pub fn bring_up_to_date(
                 Ok(ran) if fatal.is_none() => ran,
                 // The run is stopping: nothing more is recorded.
                 Ok(_) => continue,
+                // An interruption stops the whole run: no step starts after it, and the steps
+                // still running (interrupted too) record nothing.
+                Err(error @ Error::Interrupted { .. }) => {
+                    if fatal.is_none() {
+                        fatal = Some(error);
+                    }
+                    continue;
+                }
                 Err(error) => {
                     stop(chain, index, error, &mut slots, &mut skipped, &mut result, progress);
                     continue;
@@ -390,7 +475,7 @@ pub fn bring_up_to_date(
             .collect();
         again.sort_by_key(|&s| graph.rank(s));
         for index in again {
-            check_in_full(chain, layout, &chain.steps[index], &result.tree)?;
+            check_in_full(chain, layout, &chain.steps[index], &result.tree, cancel)?;
         }
     }
     match destination {
@@ -514,7 +599,13 @@ pub fn the_rest_of_the_chain(chain: &Chain, index: usize, recorded: &BTreeMap<St
 
 /// Runs `step`'s check on the whole chain's `tree`, for a step whose check could only run in
 /// part when it ran (its tests needed a module a later step wrote).
-fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files) -> Result<(), Error> {
+fn check_in_full(
+    chain: &Chain,
+    layout: &Layout,
+    step: &StepConfig,
+    tree: &Files,
+    cancel: &Cancel,
+) -> Result<(), Error> {
     let work = layout.work_dir();
     codegen_core::__private::fs::create_dir_all(&work)?;
     let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-full-", step.id))?;
@@ -527,6 +618,7 @@ fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files
         scratch: scratch.path().join("check"),
         mounted: Files::new(),
         later: Later::default(),
+        cancel: cancel.clone(),
     };
     let Some(mut check) = check_for(setup) else { return Ok(()) };
     let failure = match check.run(&root) {
@@ -537,28 +629,41 @@ fn check_in_full(chain: &Chain, layout: &Layout, step: &StepConfig, tree: &Files
     Err(Error::CheckFailedOnceComplete { id: step.id.clone(), check: check.name(), diagnostics: failure })
 }
 
-/// Runs one step in a scratch copy of `tree`, with the rest of the chain (`mounted`,
-/// `later`) for its check; again with the next seed after a failed run, up to
-/// `seed_retries` times. Nothing outside the scratch folders changes.
-#[allow(clippy::too_many_arguments)]
+/// What a step runs among: the tree the steps before it produced, the rest of the chain for
+/// its check (`mounted`, `later`), and the flag that stops it.
+struct Surroundings<'a> {
+    tree: &'a Files,
+    mounted: Files,
+    later: Later,
+    cancel: &'a Cancel,
+}
+
+/// Runs one step in a scratch copy of the tree, with the rest of the chain for its check;
+/// again with the next seed after a failed run, up to `seed_retries` times. Nothing outside
+/// the scratch folders changes, except that each run's transcript is kept under the target
+/// folder for `cargo promptgen log` (see [`crate::attempts`]).
 fn run_step(
     chain: &Chain,
     layout: &Layout,
     step: &StepConfig,
     assessed: &Assessed,
-    tree: &Files,
-    mounted: Files,
-    later: Later,
+    surroundings: Surroundings<'_>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ran, Error> {
+    let Surroundings { tree, mounted, later, cancel } = surroundings;
     let work = layout.work_dir();
     codegen_core::__private::fs::create_dir_all(&work)?;
-    let mut backend =
-        chain.backend_config(step).open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
+    let mut backend_config = chain.backend_config(step);
+    backend_config.cancel = cancel.clone();
+    let mut backend = backend_config.open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
     let prompt = codegen_core::__private::fs::read_to_string(&step.prompt)?;
     let system_prompt = step.system_prompt.as_deref().map(codegen_core::__private::fs::read_to_string).transpose()?;
+    let key = assessed.fingerprint.key();
+    let progress = RefCell::new(progress);
 
     let mut transcripts = String::new();
+    // The same runs with their timings, kept for `log`.
+    let mut timed = String::new();
     let runs = step.seed_retries + 1;
     let mut run = 1;
     loop {
@@ -572,7 +677,11 @@ fn run_step(
             .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
 
         let mut core_step = codegen_core::Step::new(step.model.clone(), prompt.clone());
-        core_step.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
+        core_step
+            .max_model_calls(step.max_model_calls)
+            .protocol(step.protocol)
+            .check_rounds(step.check_rounds)
+            .cancel_on(cancel.clone());
         if let Some(text) = &system_prompt {
             core_step.system_prompt(text.clone());
         }
@@ -586,14 +695,7 @@ fn run_step(
             core_step.expect_output(output.clone());
         }
 
-        let started = Instant::now();
-        let mut tokens = 0;
-        let mut observer = |event: &Event| {
-            if let Event::ModelCall { number, usage, .. } = event {
-                tokens += usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
-                progress(Progress::ModelCall { id: step.id.clone(), number: *number, tokens, elapsed: started.elapsed() });
-            }
-        };
+        let mut watch = Watch::new(&step.id, step.max_model_calls, &progress);
         let setup = CheckSetup {
             chain,
             layout,
@@ -601,26 +703,70 @@ fn run_step(
             scratch: scratch.path().join("check"),
             mounted: mounted.clone(),
             later: later.clone(),
+            cancel: cancel.clone(),
         };
-        let outcome = match check_for(setup) {
-            Some(mut check) => core_step.run_checked(backend.as_mut(), &mut sandbox, check.as_mut(), &mut observer),
-            None => core_step.run_observed(backend.as_mut(), &mut sandbox, &mut observer),
-        };
+        let mut check = check_for(setup).map(|check| Announced { check, id: &step.id, progress: &progress });
+        let outcome =
+            core_step.run_with(backend.as_mut(), &mut sandbox, check.as_mut().map(|c| c as &mut dyn Check), &mut watch);
+        let partial = watch.partial.take();
         let output = match outcome {
             Ok(output) => output,
             Err(failure) => {
                 transcripts.push_str(&failure.transcript.to_jsonl(Volatility::Omit));
-                let retry = matches!(failure.error, codegen_core::Error::BudgetExhausted { .. } | codegen_core::Error::CheckFailed { .. });
+                timed.push_str(&failure.transcript.to_jsonl(Volatility::Keep));
+                let interrupted = matches!(failure.error, codegen_core::Error::Interrupted { .. });
+                let header = attempts::Header {
+                    step: step.id.clone(),
+                    outcome: if interrupted { Outcome::Interrupted } else { Outcome::Failed },
+                    key: key.clone(),
+                    error: Some(crate::error::report(&failure)),
+                    ended_at: attempts::now(),
+                    partial: if interrupted { partial } else { None },
+                };
+                // Only history: a failure to keep it must not hide why the step failed.
+                let kept = attempts::keep(layout, &header, &timed).is_ok();
+                (progress.borrow_mut())(Progress::StepStopped { id: step.id.clone(), interrupted });
+                if let codegen_core::Error::Interrupted { model_calls, during_call } = failure.error {
+                    let during = match (model_calls, during_call) {
+                        (0, _) => "before its first model call".to_string(),
+                        (n, true) => {
+                            format!("during model call {n} of {}, whose reply was abandoned", step.max_model_calls)
+                        }
+                        (n, false) => format!("after model call {n} of {}", step.max_model_calls),
+                    };
+                    return Err(Error::Interrupted {
+                        id: step.id.clone(),
+                        package: chain.package_name.clone(),
+                        during,
+                        kept,
+                    });
+                }
+                let retry = matches!(
+                    failure.error,
+                    codegen_core::Error::BudgetExhausted { .. } | codegen_core::Error::CheckFailed { .. }
+                );
                 if retry && run < runs {
                     run += 1;
                     let seed = step.seed.unwrap_or(0) + u64::from(run - 1);
-                    progress(Progress::Retry { id: step.id.clone(), run, seed, reason: failure.error.to_string() });
+                    (progress.borrow_mut())(Progress::Retry {
+                        id: step.id.clone(),
+                        run,
+                        seed,
+                        reason: failure.error.to_string(),
+                    });
                     continue;
                 }
-                return Err(Error::Step { id: step.id.clone(), runs: run, source: Box::new(failure) });
+                return Err(Error::Step {
+                    id: step.id.clone(),
+                    package: chain.package_name.clone(),
+                    runs: run,
+                    kept,
+                    source: Box::new(failure),
+                });
             }
         };
         transcripts.push_str(&output.transcript.to_jsonl(Volatility::Omit));
+        timed.push_str(&output.transcript.to_jsonl(Volatility::Keep));
 
         let mut files = Files::new();
         for path in &output.written {
@@ -634,7 +780,7 @@ fn run_step(
         let totals = output.transcript.totals();
         let entry = LockedStep {
             id: step.id.clone(),
-            key: assessed.fingerprint.key(),
+            key: key.clone(),
             model_calls: totals.model_calls,
             prompt_tokens: totals.prompt_tokens,
             completion_tokens: totals.completion_tokens,
@@ -645,7 +791,116 @@ fn run_step(
             fingerprint: assessed.fingerprint.clone(),
             files: files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect(),
         };
+        let header = attempts::Header {
+            step: step.id.clone(),
+            outcome: Outcome::Succeeded,
+            key,
+            error: None,
+            ended_at: attempts::now(),
+            partial: None,
+        };
+        // The timings of what is about to be recorded, for `log`: history only.
+        let _ = attempts::keep(layout, &header, &timed);
         return Ok(Ran { entry, files, transcript: transcripts, notes: output.notes, put_off: put_off == Some(true) });
+    }
+}
+
+/// The running step's events and streaming replies, turned into [`Progress`]; and the reply
+/// under way, kept in case the step is interrupted.
+struct Watch<'a, 'p> {
+    id: &'a str,
+    max_model_calls: u32,
+    started: Instant,
+    calls: u32,
+    tokens: u64,
+    completion_tokens: u64,
+    partial: Option<PartialReply>,
+    progress: &'a RefCell<&'p mut dyn FnMut(Progress)>,
+}
+
+impl<'a, 'p> Watch<'a, 'p> {
+    fn new(id: &'a str, max_model_calls: u32, progress: &'a RefCell<&'p mut dyn FnMut(Progress)>) -> Self {
+        Watch {
+            id,
+            max_model_calls,
+            started: Instant::now(),
+            calls: 0,
+            tokens: 0,
+            completion_tokens: 0,
+            partial: None,
+            progress,
+        }
+    }
+
+    fn show(&self, progress: Progress) {
+        (self.progress.borrow_mut())(progress);
+    }
+}
+
+impl Observer for Watch<'_, '_> {
+    fn event(&mut self, event: &Event) {
+        match event {
+            Event::ModelCall { number, usage, volatile, .. } => {
+                self.calls = *number;
+                self.partial = None;
+                self.tokens += usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
+                self.completion_tokens += usage.completion_tokens.unwrap_or(0);
+                self.show(Progress::ModelCall {
+                    id: self.id.to_string(),
+                    number: *number,
+                    max_model_calls: self.max_model_calls,
+                    tokens: self.tokens,
+                    completion_tokens: self.completion_tokens,
+                    call_tokens: usage.completion_tokens,
+                    call_time: volatile.as_ref().map(|v| v.duration),
+                    elapsed: self.started.elapsed(),
+                });
+            }
+            Event::ToolRun { tool, ok, .. } => {
+                self.show(Progress::ToolRan { id: self.id.to_string(), tool: tool.clone(), ok: *ok })
+            }
+            _ => {}
+        }
+    }
+
+    fn progress(&mut self, report: &codegen_core::backend::Progress<'_>) {
+        let call = self.calls + 1;
+        let partial = self.partial.get_or_insert_with(|| PartialReply { model_call: call, ..PartialReply::default() });
+        partial.pieces = report.pieces;
+        partial.text.push_str(report.text);
+        partial.tool = report.tool.map(str::to_string);
+        // The call's arguments so far: usually what was kept plus the new end.
+        match report.tool_arguments.strip_prefix(partial.arguments.as_str()) {
+            Some(rest) => partial.arguments.push_str(rest),
+            None => report.tool_arguments.clone_into(&mut partial.arguments),
+        }
+        self.show(Progress::Streaming {
+            id: self.id.to_string(),
+            call,
+            max_model_calls: self.max_model_calls,
+            pieces: report.pieces,
+            chars: report.text_chars + report.argument_chars,
+            tool: report.tool.map(str::to_string),
+            call_elapsed: report.elapsed,
+        });
+    }
+}
+
+/// A step's check that says when it starts: a crate check can take a minute.
+struct Announced<'a, 'p> {
+    check: Box<dyn Check>,
+    id: &'a str,
+    progress: &'a RefCell<&'p mut dyn FnMut(Progress)>,
+}
+
+impl Check for Announced<'_, '_> {
+    fn name(&self) -> String {
+        self.check.name()
+    }
+
+    fn run(&mut self, output_root: &Path) -> Result<CheckOutcome, CheckError> {
+        (self.progress.borrow_mut())(Progress::Checking { id: self.id.to_string(), check: self.check.name() });
+        self.check.run(output_root)
     }
 }
 

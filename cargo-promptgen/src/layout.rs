@@ -17,6 +17,8 @@
 //! │   ├── promptgen.lock         laid out like the package (lock + store)
 //! │   └── promptgen/...
 //! ├── work/<package>/            scratch trees of running steps
+//! ├── attempts/<package>/        each step's last failed, interrupted and succeeded attempt,
+//! │                              with timings, for `cargo promptgen log` (see `attempts`)
 //! ├── check/<package>/<step>/    the tree a step's crate check mounts
 //! └── check-target/              Cargo's target folder for crate checks, of every package
 //! $OUT_DIR/promptgen/            the generated tree the crate compiles
@@ -121,6 +123,11 @@ impl Layout {
     /// Where running steps keep their scratch trees.
     pub fn work_dir(&self) -> PathBuf {
         self.target_area.join("work").join(&self.package_name)
+    }
+
+    /// Where each step's last attempts are kept (see [`crate::attempts`]).
+    pub fn attempts_dir(&self) -> PathBuf {
+        self.target_area.join("attempts").join(&self.package_name)
     }
 
     /// The file that processes lock to take turns on this package (the mutex of

@@ -101,11 +101,14 @@
 //! that is not part of the API and may change in any release.
 #![deny(missing_docs)]
 
+mod attempts;
 mod build_script;
 mod cache;
 #[cfg(feature = "online")]
 mod check;
 mod config;
+#[cfg(feature = "online")]
+mod confine;
 #[cfg(feature = "online")]
 mod diagnostics;
 mod error;
@@ -123,6 +126,8 @@ mod redact;
 #[cfg(feature = "cli")]
 mod remote;
 mod report;
+#[cfg(feature = "online")]
+mod review;
 mod store;
 #[cfg(feature = "cli")]
 mod sync;
@@ -137,6 +142,9 @@ pub use error::{Error, StaleStep};
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
+    pub mod attempts {
+        pub use crate::attempts::*;
+    }
     pub mod cache {
         pub use crate::cache::*;
     }
@@ -146,6 +154,10 @@ pub mod __private {
     }
     pub mod config {
         pub use crate::config::*;
+    }
+    #[cfg(feature = "online")]
+    pub mod confine {
+        pub use crate::confine::*;
     }
     pub mod error {
         pub use crate::error::*;
@@ -178,6 +190,10 @@ pub mod __private {
     }
     pub mod report {
         pub use crate::report::*;
+    }
+    #[cfg(feature = "online")]
+    pub mod review {
+        pub use crate::review::*;
     }
     pub mod store {
         pub use crate::store::*;

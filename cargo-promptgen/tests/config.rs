@@ -118,6 +118,7 @@ fn a_minimal_chain_gets_every_default() {
     assert_eq!(chain.api_key, None);
     assert_eq!(chain.num_ctx, BackendConfig::DEFAULT_NUM_CTX);
     assert_eq!(chain.request_timeout, Duration::from_secs(600));
+    assert_eq!((chain.first_byte_timeout, chain.idle_timeout), (Duration::from_secs(300), Duration::from_secs(60)));
 
     let step = &chain.steps[0];
     assert_eq!(step.id, "01");
@@ -390,7 +391,7 @@ fn inputs_are_files_and_folders_and_outputs_are_normalised() {
 fn backend_config_carries_the_chain_and_the_step_script() {
     let fx = Fixture::new();
     let manifest = fx.package(&one_step(
-        "model = \"m\"\nbackend = \"scripted\"\nnum_ctx = 2048\nrequest_timeout_secs = 5",
+        "model = \"m\"\nbackend = \"scripted\"\nnum_ctx = 2048\nrequest_timeout_secs = 5\nfirst_byte_timeout_secs = 4\nidle_timeout_secs = 3",
         "script = \"../prompts/scripts/01.toml\"",
     ));
     let chain = load(&manifest, &Overrides::default(), NONE);
@@ -401,6 +402,7 @@ fn backend_config_carries_the_chain_and_the_step_script() {
     assert_eq!(config.script, step.script);
     assert_eq!(config.num_ctx, 2048);
     assert_eq!(config.http.request_timeout, Duration::from_secs(5));
+    assert_eq!((config.http.first_byte_timeout, config.http.idle_timeout), (Duration::from_secs(4), Duration::from_secs(3)));
     assert_eq!(config.base_url, None);
     assert_eq!(chain.effective_base_url(), None);
 
@@ -620,6 +622,7 @@ fn out_of_range_numbers() {
         ("seed = -3", "`package.metadata.promptgen.seed` = -3", "a non-negative integer"),
         ("num_ctx = 0", "`package.metadata.promptgen.num_ctx` = 0", "positive"),
         ("request_timeout_secs = 0", "`package.metadata.promptgen.request_timeout_secs` = 0", "positive"),
+        ("idle_timeout_secs = 0", "`package.metadata.promptgen.idle_timeout_secs` = 0", "positive"),
         ("model = \"\"", "`package.metadata.promptgen.model` = \"\"", "non-empty"),
     ];
     for (line, key, expected) in cases {

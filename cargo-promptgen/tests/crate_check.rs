@@ -357,6 +357,85 @@ fn secrets_in_the_environment_never_reach_the_model_through_a_tests_output() {
     assert!(!stderr(&out).contains(canary), "{}", text(&out));
 }
 
+/// Ctrl-C while `cargo test` checks a step must not wait for the check: the check is killed
+/// with every process it started (cargo, and here a test binary that would sleep ten minutes),
+/// nothing is recorded, and the run exits with 130.
+#[test]
+fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_nothing() {
+    use std::io::Read;
+    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish()]);
+    let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\n"));
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // A hand-written test that says who it is, then sleeps; and a prompt edited, so step 01 runs.
+    // In the check's target folder: a confined check may write there, and not in the package.
+    let pid_file = support::shared_target().join("promptgen/check-target").join(format!("{}-slow-test.pid", package.name));
+    let _ = std::fs::remove_file(&pid_file);
+    package.write(
+        "tests/slow.rs",
+        &format!(
+            "#[test]\nfn sleeps() {{\n    std::fs::write({:?}, std::process::id().to_string()).unwrap();\n    std::thread::sleep(std::time::Duration::from_secs(600));\n}}\n",
+            pid_file.display().to_string()
+        ),
+    );
+    package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User, briefly.\n");
+    let before = snapshot(package.dir.path());
+    server.push(write("user_json.rs", GOOD));
+    server.push(finish());
+    let mut child = package
+        .promptgen(&[])
+        .env("PROMPTGEN_BASE_URL", server.url())
+        .env("CARGO_NET_OFFLINE", "true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    // The check is under way once the test binary has written its pid.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let test_pid = loop {
+        if let Ok(pid) = std::fs::read_to_string(&pid_file)
+            && !pid.is_empty()
+        {
+            break pid;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before the check ran its tests:\n{}", said.join().unwrap());
+        }
+        assert!(Instant::now() < deadline, "the check never ran its tests");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let kill = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = wait_or_kill(child, Duration::from_secs(120)).status;
+    let said = said.join().unwrap();
+    assert_eq!(status.code(), Some(130), "{said}");
+    for phrase in ["interrupted: step `01` was stopped after model call 2 of 8", "nothing of it was recorded"] {
+        assert!(said.contains(phrase), "expected `{phrase}` in:\n{said}");
+    }
+    std::fs::remove_file(&pid_file).unwrap();
+    assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new(), "nothing recorded");
+
+    // The test binary went with the check: gone, or a zombie waiting for init to reap it.
+    let stat = format!("/proc/{}/stat", test_pid.trim());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Ok(line) = std::fs::read_to_string(&stat) {
+        let state =
+            line.rsplit(')').next().unwrap_or_default().split_whitespace().next().unwrap_or_default().to_string();
+        if state == "Z" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the check's test binary {test_pid} still runs: {line}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A hostile model (an input file that injects instructions is enough) tries to make the
 /// compiler read a secret for it: every construct that reads a file at compile time, pointed
 /// at the package's `.env` and at a file outside the package, under each check. Each write is
@@ -402,7 +481,8 @@ fn compile_time_reads_of_secrets_are_refused_under_every_check() {
 }
 
 /// A command check is the user's, but its output goes to the model: one that prints `.env`
-/// has the file's secrets withheld.
+/// has the file's secrets withheld. Confined, it could not read `.env` at all (see
+/// `confine.rs`'s tests), so this runs unconfined: the redaction is the defence behind it.
 #[test]
 fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
     let canary = "sk-env-canary-a93f";
@@ -411,7 +491,12 @@ fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
         m.replace("seed = 7\n", "seed = 7\ncheck = [\"sh\", \"-c\", \"cat .env; echo checked; exit 1\"]\ncheck_rounds = 1\n")
     });
     package.write(".env", &format!("# local settings\nAPI_KEY={canary}\n"));
-    let out = promptgen(&package, &server, &[]);
+    let mut command = package.promptgen(&[]);
+    command
+        .env("PROMPTGEN_BASE_URL", server.url())
+        .env("CARGO_NET_OFFLINE", "true")
+        .env("PROMPTGEN_UNCONFINED_CHECKS", "1");
+    let out = run(&mut command);
     assert_eq!(out.status.code(), Some(1), "the check always fails: {}", text(&out));
     assert_eq!(server.requests().len(), 3, "{}", text(&out));
     let told = last_message(&server.requests()[2]);

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 /// A check of the files under a step's output root.
 pub trait Check {
@@ -51,13 +52,47 @@ pub struct CommandCheck {
     args: Vec<String>,
     dir: PathBuf,
     env: Vec<(String, String)>,
+    prepare: Option<PrepareCommand>,
 }
+
+/// What [`CommandCheck::prepare`] runs on the command just before it starts, with the output
+/// root: cargo-promptgen confines the command's processes with it. An error stops the check
+/// (the user's problem, not the model's). Two are equal when they are the same closure.
+#[derive(Clone)]
+pub struct PrepareCommand(Arc<PrepareFn>);
+
+/// The function a [`PrepareCommand`] holds.
+type PrepareFn = dyn Fn(&mut Command, &Path) -> Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for PrepareCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrepareCommand(..)")
+    }
+}
+
+impl PartialEq for PrepareCommand {
+    fn eq(&self, other: &PrepareCommand) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PrepareCommand {}
 
 impl CommandCheck {
     /// `command[0]` with the other items as arguments, run in `dir`.
     pub fn new(command: &[String], dir: impl Into<PathBuf>) -> Option<CommandCheck> {
         let (program, args) = command.split_first()?;
-        Some(CommandCheck { program: program.clone(), args: args.to_vec(), dir: dir.into(), env: Vec::new() })
+        Some(CommandCheck { program: program.clone(), args: args.to_vec(), dir: dir.into(), env: Vec::new(), prepare: None })
+    }
+
+    /// Runs `prepare` on the command, with the output root, after its environment is set and
+    /// before it starts (to confine it, say); an error it returns stops the check.
+    pub fn prepare(
+        mut self,
+        prepare: impl Fn(&mut Command, &Path) -> Result<(), String> + Send + Sync + 'static,
+    ) -> CommandCheck {
+        self.prepare = Some(PrepareCommand(Arc::new(prepare)));
+        self
     }
 
     /// Sets a variable for the command (after the secrets are removed).
@@ -77,6 +112,9 @@ impl Check for CommandCheck {
         command.args(&self.args).current_dir(&self.dir);
         remove_secrets(&mut command);
         command.envs(self.env.iter().map(|(k, v)| (k, v))).env("PROMPTGEN_TREE", output_root);
+        if let Some(PrepareCommand(prepare)) = &self.prepare {
+            prepare(&mut command, output_root).map_err(|detail| CheckError { check: self.name(), detail })?;
+        }
         let output = command
             .output()
             .map_err(|e| CheckError { check: self.name(), detail: format!("{e} (is `{}` installed and on PATH?)", self.program) })?;

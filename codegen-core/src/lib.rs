@@ -166,6 +166,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod cancel;
 pub mod chat;
 pub mod check;
 mod compile_time;
@@ -177,6 +178,7 @@ pub mod sandbox;
 mod tools;
 pub mod transcript;
 
+pub use cancel::Cancel;
 pub use fs::FsError;
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;

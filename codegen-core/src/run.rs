@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::{Backend, BackendError, ChatRequest, Delivery, Progress};
+use crate::cancel::Cancel;
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
 use crate::check::{Check, CheckError, CheckOutcome};
 use crate::protocol::ToolProtocol;
@@ -35,6 +36,7 @@ pub struct Step {
     pub(crate) protocol: ToolProtocol,
     pub(crate) outputs: Vec<String>,
     pub(crate) check_rounds: u32,
+    pub(crate) cancel: Option<Cancel>,
 }
 
 impl Step {
@@ -58,6 +60,7 @@ impl Step {
             protocol: ToolProtocol::Native,
             outputs: Vec::new(),
             check_rounds: Step::DEFAULT_CHECK_ROUNDS,
+            cancel: None,
         }
     }
 
@@ -102,6 +105,15 @@ impl Step {
     /// (each round also counts against `max_model_calls`).
     pub fn check_rounds(&mut self, rounds: u32) -> &mut Step {
         self.check_rounds = rounds;
+        self
+    }
+
+    /// Stops the step when `cancel` is set: before its next model call, or at once when the
+    /// backend was opened with the same handle ([`BackendConfig::cancel`](crate::backend::BackendConfig::cancel)),
+    /// which abandons the request in flight. The step then fails with [`Error::Interrupted`],
+    /// its transcript ending in [`EndOutcome::Interrupted`].
+    pub fn cancel_on(&mut self, cancel: Cancel) -> &mut Step {
+        self.cancel = Some(cancel);
         self
     }
 
@@ -288,6 +300,14 @@ pub enum Error {
     /// The check could not run at all.
     #[error(transparent)]
     CheckCouldNotRun(#[from] CheckError),
+    /// The step was cancelled ([`Step::cancel_on`]); the reply under way, if any, was abandoned.
+    #[error("the step was interrupted {}", if *model_calls == 0 { "before its first model call".to_string() } else if *during_call { format!("during model call {model_calls}") } else { format!("after model call {model_calls}") })]
+    Interrupted {
+        /// The model call under way (when `during_call`), or the last one made.
+        model_calls: u32,
+        /// Whether a model call was under way and was abandoned.
+        during_call: bool,
+    },
 }
 
 fn missing_text(missing: &[String]) -> String {
@@ -382,10 +402,18 @@ impl<'a> Run<'a> {
         let system = self.system_prompt();
         self.push_message(Message::system(system));
         self.push_message(Message::user(self.step.prompt.clone()));
-        let result = self.drive();
+        let result = match self.drive() {
+            // Whatever else went wrong once the flag was set (a check killed by the same Ctrl-C,
+            // say) is the interruption.
+            Err(error) if self.cancelled() && !matches!(error, Error::Interrupted { .. }) => {
+                Err(Error::Interrupted { model_calls: self.model_calls, during_call: false })
+            }
+            result => result,
+        };
         let (outcome, summary) = match &result {
             Ok(Turn::Finished(summary)) => (EndOutcome::Finished, summary.clone()),
             Ok(_) => (EndOutcome::NoToolCall, None),
+            Err(Error::Interrupted { .. }) => (EndOutcome::Interrupted, None),
             Err(_) => (EndOutcome::Failed, None),
         };
         let wall_time = self.started.elapsed();
@@ -403,8 +431,15 @@ impl<'a> Run<'a> {
         }
     }
 
+    fn cancelled(&self) -> bool {
+        self.step.cancel.as_ref().is_some_and(Cancel::is_cancelled)
+    }
+
     fn drive(&mut self) -> Result<Turn, Error> {
         loop {
+            if self.cancelled() {
+                return Err(Error::Interrupted { model_calls: self.model_calls, during_call: false });
+            }
             if self.model_calls >= self.step.max_model_calls {
                 return Err(Error::BudgetExhausted {
                     max_model_calls: self.step.max_model_calls,
@@ -430,6 +465,12 @@ impl<'a> Run<'a> {
                 {
                     self.fall_back_to_json(&model, server_message);
                     continue;
+                }
+                Err(BackendError::Cancelled { .. }) => {
+                    return Err(Error::Interrupted { model_calls: self.model_calls + 1, during_call: true });
+                }
+                Err(_) if self.cancelled() => {
+                    return Err(Error::Interrupted { model_calls: self.model_calls + 1, during_call: true });
                 }
                 Err(err) => return Err(err.into()),
             };
@@ -505,7 +546,8 @@ impl<'a> Run<'a> {
         // why; one that was only prose ends like any reply without a call.
         let missing = self.missing_outputs();
         if cut_off && (!calls.is_empty() || !problems.is_empty() || !missing.is_empty()) {
-            let still = if missing.is_empty() { String::new() } else { format!(" Still missing: {}.", missing.join(", ")) };
+            let still =
+                if missing.is_empty() { String::new() } else { format!(" Still missing: {}.", missing.join(", ")) };
             problems.push(format!(
                 "Your reply was cut off at the server's output limit, so anything after the cut was lost.{still} \
                  Keep replies short: one tool call per reply, and write long files in full but without commentary."
@@ -594,7 +636,10 @@ impl<'a> Run<'a> {
                 return match self.run_check(false)? {
                     None => Ok(Turn::Stopped),
                     Some(diagnostics) => {
-                        let problem = self.check_round("You stopped without calling `finish`, but the step is not done", diagnostics)?;
+                        let problem = self.check_round(
+                            "You stopped without calling `finish`, but the step is not done",
+                            diagnostics,
+                        )?;
                         self.repair(problem.clone());
                         self.push_message(Message::user(problem));
                         Ok(Turn::Continue)
@@ -627,7 +672,12 @@ impl<'a> Run<'a> {
         {
             self.notes.push(format!("part of the check `{}` was put off: {why}", check.name()));
         }
-        self.record(Event::Check { model_call: self.model_calls, asked_by_model, diagnostics: diagnostics.clone(), put_off });
+        self.record(Event::Check {
+            model_call: self.model_calls,
+            asked_by_model,
+            diagnostics: diagnostics.clone(),
+            put_off,
+        });
         Ok(diagnostics)
     }
 

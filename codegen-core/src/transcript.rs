@@ -146,6 +146,8 @@ pub enum EndOutcome {
     NoToolCall,
     /// The step failed; the error says why.
     Failed,
+    /// The step was cancelled before it ended ([`crate::Step::cancel_on`]).
+    Interrupted,
 }
 
 /// The run-dependent part of [`Event::Start`].

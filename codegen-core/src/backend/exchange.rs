@@ -28,6 +28,7 @@ pub(crate) fn classify_transport(
             BackendError::Stalled { backend, url, silent: limit.after, pieces: 0, began: false, limit: limit.name }
         }
         http::TransportKind::Interrupted => BackendError::Interrupted { backend, url, detail, attempts },
+        http::TransportKind::Cancelled => BackendError::Cancelled { backend, url },
     }
 }
 
@@ -107,11 +108,8 @@ impl Exchange {
         bearer: Option<String>,
         config: &BackendConfig,
     ) -> Result<Exchange, BackendError> {
-        let http = http::HttpClient::new(config.http.clone()).map_err(|detail| BackendError::Config {
-            backend: kind,
-            url: url.clone(),
-            detail,
-        })?;
+        let http = http::HttpClient::new(config.http.clone(), config.cancel.clone())
+            .map_err(|detail| BackendError::Config { backend: kind, url: url.clone(), detail })?;
         Ok(Exchange {
             kind,
             url,
@@ -271,6 +269,9 @@ impl Exchange {
                             began: bytes.begun,
                             limit: limit.name,
                         });
+                    }
+                    Err(http::ChunkError::Cancelled) => {
+                        return Err(BackendError::Cancelled { backend: self.kind, url: self.url.clone() });
                     }
                     Err(http::ChunkError::Broken(detail)) => {
                         broken = Some(detail);

@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::cancel::Cancel;
+
 /// Timeouts and retries of the HTTP backends.
 ///
 /// A streamed reply (the default) has no limit on its length in time: it may take as long as
@@ -154,6 +156,8 @@ pub(crate) enum TransportKind {
     Silent(Limit),
     /// The connection broke before the whole reply arrived.
     Interrupted,
+    /// The [`Cancel`] flag was set: the request was abandoned.
+    Cancelled,
 }
 
 #[cfg(feature = "http")]
@@ -186,6 +190,7 @@ impl Limit {
 /// The body of a streamed reply, read piece by piece within the silence limits.
 pub(crate) struct ByteStream<'c> {
     runtime: &'c tokio::runtime::Runtime,
+    cancel: &'c Cancel,
     response: reqwest::Response,
     /// When the first byte must have arrived by, and the limit that says so.
     first_byte_by: Option<Instant>,
@@ -203,6 +208,8 @@ pub(crate) enum ChunkError {
     Silent(Limit),
     /// The connection broke.
     Broken(String),
+    /// The [`Cancel`] flag was set.
+    Cancelled,
 }
 
 #[cfg(feature = "http")]
@@ -215,15 +222,17 @@ impl ByteStream<'_> {
             _ => self.idle.after,
         };
         let response = &mut self.response;
-        match self.runtime.block_on(async { tokio::time::timeout(limit, response.chunk()).await }) {
-            Ok(Ok(Some(chunk))) => {
+        let cancel = self.cancel;
+        match self.runtime.block_on(async { cancel.guard(tokio::time::timeout(limit, response.chunk())).await }) {
+            Some(Ok(Ok(Some(chunk)))) => {
                 self.begun |= !chunk.is_empty();
                 Ok(Some(chunk))
             }
-            Ok(Ok(None)) => Ok(None),
-            Ok(Err(err)) => Err(ChunkError::Broken(error_chain(&err))),
-            Err(_) if self.begun => Err(ChunkError::Silent(self.idle)),
-            Err(_) => Err(ChunkError::Silent(self.first_byte)),
+            Some(Ok(Ok(None))) => Ok(None),
+            Some(Ok(Err(err))) => Err(ChunkError::Broken(error_chain(&err))),
+            Some(Err(_)) if self.begun => Err(ChunkError::Silent(self.idle)),
+            Some(Err(_)) => Err(ChunkError::Silent(self.first_byte)),
+            None => Err(ChunkError::Cancelled),
         }
     }
 }
@@ -233,6 +242,17 @@ pub(crate) struct HttpClient {
     client: reqwest::Client,
     runtime: tokio::runtime::Runtime,
     config: HttpConfig,
+    /// Abandons the request in flight, and any wait before a retry, when set.
+    cancel: Cancel,
+}
+
+#[cfg(feature = "http")]
+/// Why [`HttpClient::run`] gave up on a future.
+enum Stop {
+    /// Its time limit ran out.
+    Elapsed,
+    /// The [`Cancel`] flag was set.
+    Cancelled,
 }
 
 #[cfg(feature = "http")]
@@ -247,7 +267,7 @@ enum Attempt<T> {
 
 #[cfg(feature = "http")]
 impl HttpClient {
-    pub fn new(config: HttpConfig) -> Result<HttpClient, String> {
+    pub fn new(config: HttpConfig, cancel: Cancel) -> Result<HttpClient, String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -259,17 +279,27 @@ impl HttpClient {
             let _inside = runtime.enter();
             builder.build().map_err(|e| error_chain(&e))?
         };
-        Ok(HttpClient { client, runtime, config })
+        Ok(HttpClient { client, runtime, config, cancel })
     }
 
     pub fn config(&self) -> &HttpConfig {
         &self.config
     }
 
-    /// Runs `future` to completion on this client's runtime, or gives up after `limit`.
-    fn run<T>(&self, limit: Duration, future: impl Future<Output = T>) -> Result<T, tokio::time::error::Elapsed> {
+    /// Runs `future` to completion on this client's runtime, or gives up after `limit` or
+    /// when the [`Cancel`] flag is set.
+    fn run<T>(&self, limit: Duration, future: impl Future<Output = T>) -> Result<T, Stop> {
         // The timer is made inside the runtime: tokio's timers need one to exist.
-        self.runtime.block_on(async { tokio::time::timeout(limit, future).await })
+        match self.runtime.block_on(async { self.cancel.guard(tokio::time::timeout(limit, future)).await }) {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(_)) => Err(Stop::Elapsed),
+            None => Err(Stop::Cancelled),
+        }
+    }
+
+    /// Waits `wait` (before a retry), or less when the [`Cancel`] flag is set: whether it was.
+    fn pause(&self, wait: Duration) -> bool {
+        self.runtime.block_on(async { self.cancel.guard(tokio::time::sleep(wait)).await }).is_none()
     }
 
     /// POSTs `body`, JSON already encoded, and reads the whole reply within
@@ -289,10 +319,11 @@ impl HttpClient {
                     Attempt::Answered { value: (status, body), retry }
                 }
                 Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
-                Err(_) => Attempt::Failed {
+                Err(Stop::Elapsed) => Attempt::Failed {
                     kind: TransportKind::Timeout,
                     detail: format!("no whole reply within {} s", limit.as_secs_f64()),
                 },
+                Err(Stop::Cancelled) => cancelled(),
             }
         })?;
         let (status, body) = reply;
@@ -317,10 +348,11 @@ impl HttpClient {
             let response = match self.run(first_byte.after, request.send()) {
                 Ok(Ok(response)) => response,
                 Ok(Err(err)) => return Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
-                Err(_) => {
+                Err(Stop::Elapsed) => {
                     let detail = format!("no reply within {} s", first_byte.after.as_secs_f64());
                     return Attempt::Failed { kind: TransportKind::Silent(first_byte), detail };
                 }
+                Err(Stop::Cancelled) => return cancelled(),
             };
             let status = response.status().as_u16();
             let json = response
@@ -331,6 +363,7 @@ impl HttpClient {
             if (200..300).contains(&status) && !json {
                 let stream = ByteStream {
                     runtime: &self.runtime,
+                    cancel: &self.cancel,
                     response,
                     // No deadline at all for a limit too long to add to the clock.
                     first_byte_by: started.checked_add(first_byte.after),
@@ -347,10 +380,11 @@ impl HttpClient {
                     Attempt::Answered { value: Opened::Whole { status, body }, retry }
                 }
                 Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
-                Err(_) => Attempt::Failed {
+                Err(Stop::Elapsed) => Attempt::Failed {
                     kind: TransportKind::Timeout,
                     detail: format!("no whole reply within {} s", whole_limit.as_secs_f64()),
                 },
+                Err(Stop::Cancelled) => cancelled(),
             }
         })
     }
@@ -371,6 +405,13 @@ impl HttpClient {
         let mut number = 0;
         loop {
             number += 1;
+            if self.cancel.is_cancelled() {
+                return Err(TransportError {
+                    kind: TransportKind::Cancelled,
+                    detail: "cancelled".into(),
+                    attempts: number - 1,
+                });
+            }
             let may_retry = number <= policy.max_retries;
             let mut request =
                 self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(bytes.clone());
@@ -382,7 +423,9 @@ impl HttpClient {
                 Attempt::Answered { value, retry: Some(_) } if !may_retry => return Ok((value, retries)),
                 Attempt::Answered { retry: Some(retry), .. } => retry,
                 Attempt::Failed { kind, detail } => {
-                    if matches!(kind, TransportKind::Timeout | TransportKind::Silent(_)) || !may_retry {
+                    let final_kind =
+                        matches!(kind, TransportKind::Timeout | TransportKind::Silent(_) | TransportKind::Cancelled);
+                    if final_kind || !may_retry {
                         return Err(TransportError { kind, detail, attempts: number });
                     }
                     (detail, None)
@@ -393,7 +436,13 @@ impl HttpClient {
                 None => jitter(policy.backoff(number - 1)),
             };
             retries.push(RetryRecord { attempt: number, reason, waited });
-            std::thread::sleep(waited);
+            if self.pause(waited) {
+                return Err(TransportError {
+                    kind: TransportKind::Cancelled,
+                    detail: "cancelled".into(),
+                    attempts: number,
+                });
+            }
         }
     }
 }
@@ -410,6 +459,12 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
         .dangerous()
         .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
         .with_no_client_auth())
+}
+
+#[cfg(feature = "http")]
+/// The attempt the [`Cancel`] flag stopped.
+fn cancelled<T>() -> Attempt<T> {
+    Attempt::Failed { kind: TransportKind::Cancelled, detail: "the request was abandoned: cancelled".into() }
 }
 
 #[cfg(feature = "http")]

@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cancel::Cancel;
 use crate::chat::{Message, ToolSpec};
 pub use http::{HttpConfig, RetryPolicy, RetryRecord};
 
@@ -145,6 +146,9 @@ pub struct Progress<'a> {
     /// The tool the model is calling, as soon as the call's name has arrived (the latest call
     /// of the reply).
     pub tool: Option<&'a str>,
+    /// The arguments of that call so far, as text (Ollama sends each call whole, with its
+    /// arguments as an object: empty then).
+    pub tool_arguments: &'a str,
     /// The text that arrived since the last report.
     pub text: &'a str,
     /// Time since the request was sent, retries included.
@@ -205,6 +209,10 @@ pub struct BackendConfig {
     pub stream: bool,
     /// Timeouts and retries of the HTTP backends.
     pub http: HttpConfig,
+    /// When set, the HTTP backends abandon the request in flight at once (between two pieces
+    /// of a streamed reply, while a whole reply or the first byte is awaited, or before a
+    /// retry) with [`BackendError::Cancelled`]. Never set by default.
+    pub cancel: Cancel,
 }
 
 impl BackendConfig {
@@ -229,6 +237,7 @@ impl BackendConfig {
             script: None,
             stream: true,
             http: HttpConfig::default(),
+            cancel: Cancel::new(),
         }
     }
 
@@ -419,6 +428,14 @@ pub enum BackendError {
         /// What is wrong.
         detail: String,
     },
+    /// The request was abandoned because [`BackendConfig::cancel`] was set.
+    #[error("the request to {backend} at {url} was abandoned: the step was cancelled")]
+    Cancelled {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+    },
     /// The scripted backend's file is unusable.
     #[error("script `{}`: {detail}", path.display())]
     Script {
@@ -481,7 +498,7 @@ fn stalled_hint(backend: BackendKind, limit: &str) -> String {
         }
         _ => "a server that stops sending in the middle of a reply has usually stalled or crashed",
     };
-    format!("{look}: {why}. If it is only slow, raise `{limit}` (in `HttpConfig`).")
+    format!("{look}: {why}. If it is only slow, raise `{limit}` (`HttpConfig`; `{limit}_secs` in `cargo promptgen`'s metadata).")
 }
 
 fn status_hint(backend: BackendKind, status: u16) -> &'static str {

@@ -466,6 +466,7 @@ impl Assembly {
             text_chars: self.text_chars,
             argument_chars: self.argument_chars,
             tool: self.current_tool.map(|i| self.calls[i].name.as_str()),
+            tool_arguments: self.current_tool.map_or("", |i| self.calls[i].text.as_str()),
             text,
             elapsed,
         })

@@ -1,6 +1,14 @@
 //! `cargo promptgen`: run, check, inspect and accept a package's prompt chain.
 //!
-//! Exit codes: 0 success, 1 failure or stale steps, 2 usage error.
+//! Exit codes: 0 success, 1 failure or stale steps, 2 usage error, 130 interrupted (Ctrl-C).
+
+mod highlight;
+mod history;
+mod html;
+mod interrupt;
+mod live;
+mod log;
+mod review;
 
 mod graph;
 mod outcome;
@@ -16,14 +24,15 @@ use anyhow::{Context, bail};
 use cargo_promptgen::__private::cache::Lookup;
 use cargo_promptgen::__private::config::{self, Chain, Overrides, StoreMode};
 use cargo_promptgen::__private::error::Error;
-use cargo_promptgen::__private::generate::{self, Destination, Progress};
+use cargo_promptgen::__private::generate::{self, Destination};
 use cargo_promptgen::__private::layout::Layout;
 use cargo_promptgen::__private::lock::Lock;
 use cargo_promptgen::__private::process_lock::ProcessLock;
 use cargo_promptgen::__private::remote::{Remote, RemoteError};
 use cargo_promptgen::__private::report;
 use cargo_promptgen::__private::sync::{self, Transfer};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use live::{Live, Verbosity};
 
 /// Prompt chains declared in Cargo metadata, recorded in promptgen.lock.
 #[derive(Parser, Debug)]
@@ -40,6 +49,52 @@ struct Cli {
     /// Options of `run`, which is what `cargo promptgen` alone does.
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// How much to print, and in colour or not: cargo's own options, and as in cargo, its
+/// `CARGO_TERM_QUIET`, `CARGO_TERM_VERBOSE` and `CARGO_TERM_COLOR` when no flag says.
+#[derive(Args, Debug, Clone, Copy)]
+struct Output {
+    /// Print nothing but errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Also print each tool call and check.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
+    /// Colour: auto (on a terminal, the default), always, never.
+    #[arg(long, value_enum, value_name = "WHEN", global = true)]
+    color: Option<ColorArg>,
+}
+
+impl Output {
+    fn verbosity(&self) -> Verbosity {
+        let set = |name: &str| std::env::var(name).is_ok_and(|value| value == "true");
+        match (self.quiet, self.verbose) {
+            (true, _) => Verbosity::Quiet,
+            (false, 0) if set("CARGO_TERM_QUIET") => Verbosity::Quiet,
+            (false, 0) if set("CARGO_TERM_VERBOSE") => Verbosity::Verbose,
+            (false, 0) => Verbosity::Normal,
+            (false, _) => Verbosity::Verbose,
+        }
+    }
+
+    fn color(&self) -> ColorArg {
+        self.color.unwrap_or_else(|| match std::env::var("CARGO_TERM_COLOR").as_deref() {
+            Ok("always") => ColorArg::Always,
+            Ok("never") => ColorArg::Never,
+            _ => ColorArg::Auto,
+        })
+    }
+}
+
+/// `--color`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ColorArg {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Subcommand, Debug)]
@@ -63,6 +118,11 @@ enum Command {
         #[arg(long, value_name = "ID")]
         step: Option<String>,
     },
+    /// A step's conversation (or every step's): messages, tool calls, refusals, checks, tokens
+    /// and timings; recorded, pending, failed or interrupted.
+    Log(LogArgs),
+    /// Show each pending result's diff and ask: accept, reject, skip or quit.
+    Review(Selection),
     /// Upload to the cache's remote (`cache_url`) the files promptgen.lock names that it lacks.
     Push(Selection),
     /// Download into the local cache the files promptgen.lock names that it lacks.
@@ -75,6 +135,25 @@ enum Command {
         #[arg(long, value_enum, value_name = "STORE")]
         to: StoreArg,
     },
+}
+
+/// `log`.
+#[derive(Args, Debug, Clone)]
+struct LogArgs {
+    #[command(flatten)]
+    selection: Selection,
+    /// The step (default: every step, in order).
+    #[arg(value_name = "STEP")]
+    step: Option<String>,
+    /// Which transcript (default: the newest kept).
+    #[arg(long, value_enum, value_name = "KIND")]
+    show: Option<history::Kind>,
+    /// Show long texts whole instead of their first lines.
+    #[arg(long)]
+    full: bool,
+    /// Write one self-contained HTML page of the chain to FILE instead.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 /// `store --to`.
@@ -154,15 +233,18 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {}", cargo_promptgen::__private::error::report(err.as_ref()));
-            ExitCode::from(1)
+            // 128 + SIGINT, as a shell reports a process that Ctrl-C ended.
+            let interrupted = matches!(err.downcast_ref::<Error>(), Some(Error::Interrupted { .. }));
+            ExitCode::from(if interrupted { 130 } else { 1 })
         }
     }
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let output = cli.output;
     match cli.command {
-        None => run(cli.run),
-        Some(Command::Run(args)) => run(args),
+        None => run(cli.run, output),
+        Some(Command::Run(args)) => run(args, output),
         Some(Command::Check(packages)) if packages.members.workspace => {
             workspace::each(&packages.selection, &packages.members, &["check".into()])
         }
@@ -174,6 +256,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Graph(args)) => graph::graph(&args),
         Some(Command::Accept(selection)) => accept(&selection),
         Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
+        Some(Command::Log(args)) => show_log(&args, output),
+        Some(Command::Review(selection)) => {
+            let Package { chain, layout } = open(&selection, &Overrides::default())?;
+            let _guard = ProcessLock::acquire(&layout)?;
+            review::review(&chain, &layout, &mut colored(std::io::stdout(), output.color()))
+        }
         Some(Command::Push(selection)) => push(&selection),
         Some(Command::Pull(selection)) => pull(&selection),
         Some(Command::Store { selection, to }) => store(&selection, to),
@@ -258,10 +346,11 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
     }
 }
 
-fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
     if args.members.workspace {
         return workspace::each(&args.selection, &args.members, &workspace::run_args(&args));
     }
+    let quiet = output.verbosity() == Verbosity::Quiet;
     let overrides = Overrides {
         backend: args.backend.clone(),
         model: args.model.clone(),
@@ -296,7 +385,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             .into());
         }
-        eprintln!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
+        if !quiet {
+            eprintln!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     // With a remote: fetch what the lock names and this machine lacks, so it is not made
@@ -320,36 +411,12 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let started = Instant::now();
-    let mut stderr = std::io::stderr();
-    let mut show = |p: Progress| {
-        let line = match p {
-            Progress::StepStarted { id, reasons } => format!("step {id}: running, because {}", reasons.join("; ")),
-            Progress::Retry { id, run, seed, reason } => {
-                let reason = reason.lines().next().unwrap_or_default();
-                format!("step {id}: run {run}, with seed {seed}, because the last run failed: {reason}")
-            }
-            Progress::StepFailed { id, error } => {
-                format!("step {id}: failed: {}", error.lines().next().unwrap_or_default())
-            }
-            Progress::ModelCall { id, number, tokens, elapsed } => {
-                format!("step {id}: model call {number}, {tokens} tokens so far, {:.1}s", elapsed.as_secs_f64())
-            }
-            Progress::StepDone { id, entry, notes, elapsed } => {
-                let mut line = format!(
-                    "step {id}: done in {:.1}s, {} files, {} model calls",
-                    elapsed.as_secs_f64(),
-                    entry.files.len(),
-                    entry.model_calls
-                );
-                for note in notes {
-                    line.push_str(&format!("\n  note: {note}"));
-                }
-                line
-            }
-        };
-        let _ = writeln!(stderr, "{line}");
-    };
-    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, chain.jobs, &mut show);
+    let mut live = Live::new(output.verbosity());
+    let cancel = interrupt::on_ctrl_c()?;
+    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, chain.jobs, &cancel, &mut |p| {
+        live.show(p)
+    });
+    live.finish();
     let result = result?;
     if !result.failed.is_empty() {
         eprintln!();
@@ -357,20 +424,22 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(outcome::failed_run(&chain, result, started.elapsed()));
     }
     generate::discard_pending(&layout)?;
-    eprintln!();
-    print_status(&chain, &layout)?;
-    if !result.accepted.is_empty() {
-        eprintln!("Recorded steps {} from the results a build left pending.", result.accepted.join(", "));
+    if !quiet {
+        eprintln!();
+        print_status(&chain, &layout)?;
+        if !result.accepted.is_empty() {
+            eprintln!("Recorded steps {} from the results a build left pending.", result.accepted.join(", "));
+        }
+        if !result.removed.is_empty() {
+            eprintln!("Removed steps {} that Cargo.toml no longer declares.", result.removed.join(", "));
+        }
+        eprintln!(
+            "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
+            result.regenerated.len(),
+            chain.steps.len(),
+            started.elapsed().as_secs_f64()
+        );
     }
-    if !result.removed.is_empty() {
-        eprintln!("Removed steps {} that Cargo.toml no longer declares.", result.removed.join(", "));
-    }
-    eprintln!(
-        "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
-        result.regenerated.len(),
-        chain.steps.len(),
-        started.elapsed().as_secs_f64()
-    );
     if let Some(remote) = remote.as_ref().filter(|_| !args.no_push) {
         let transfer = sync::push(&Lock::read(&layout.lock_path())?, &layout.cache()?, remote, &chain.package_name)
             .with_context(|| {
@@ -381,7 +450,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     chain.package_name
                 )
             })?;
-        print_transfer("Pushed", "to", &transfer, remote);
+        if !quiet {
+            print_transfer("Pushed", "to", &transfer, remote);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -646,6 +717,49 @@ fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
     let ids: Vec<&str> = check.stale.iter().map(|s| s.id.as_str()).collect();
     println!("Still stale: {}; run `cargo promptgen -p {}`.", ids.join(", "), chain.package_name);
     Ok(ExitCode::from(1))
+}
+
+/// `out`, with the styles written to it dropped when colour is off (`--color`, a pipe, NO_COLOR).
+fn colored<W: anstream::stream::RawStream>(out: W, color: ColorArg) -> anstream::AutoStream<W> {
+    let choice = match color {
+        ColorArg::Auto => anstream::ColorChoice::Auto,
+        ColorArg::Always => anstream::ColorChoice::Always,
+        ColorArg::Never => anstream::ColorChoice::Never,
+    };
+    anstream::AutoStream::new(out, choice)
+}
+
+fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
+    let Package { chain, layout } = open(&args.selection, &Overrides::default())?;
+    if let Some(id) = &args.step
+        && chain.step(id).is_none()
+    {
+        return Err(cargo_promptgen::Error::UnknownStep {
+            id: id.clone(),
+            package: chain.package_name.clone(),
+            known: chain.steps.iter().map(|s| s.id.clone()).collect(),
+        }
+        .into());
+    }
+    let steps = {
+        let _guard = ProcessLock::acquire(&layout)?;
+        history::collect(&chain, &layout, args.step.as_deref(), args.show)?
+    };
+    if let Some(path) = &args.html {
+        codegen_core::__private::fs::write_atomic(path, html::page(&chain, &steps).as_bytes())?;
+        if output.verbosity() != Verbosity::Quiet {
+            eprintln!("Wrote {} ({} steps).", path.display(), steps.len());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = colored(std::io::stdout().lock(), output.color());
+    for (n, step) in steps.iter().enumerate() {
+        if n > 0 {
+            writeln!(out)?;
+        }
+        log::write_step(&mut out, step, log::Limits { full: args.full })?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn diff(selection: &Selection, step: Option<&str>) -> anyhow::Result<ExitCode> {
