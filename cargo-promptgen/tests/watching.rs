@@ -227,7 +227,8 @@ fn a_stream_that_stalls_fails_within_idle_timeout_secs_naming_the_server_and_rec
     ] {
         assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
     }
-    assert!(!err.contains("step 01: done") && !err.contains("step 02"), "{err}");
+    assert!(!err.contains("step 01: done") && !err.contains("step 02: running"), "{err}");
+    assert!(err.contains("step 02 did not run: it runs after step 01, which failed"), "{err}");
     assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new(), "nothing is recorded");
     assert!(!pending_dir(&package).exists(), "nothing is left pending");
     let log = run(&mut package.promptgen(&["log", "01", "--show", "failed", "--color", "never"]));
