@@ -718,16 +718,18 @@ fn bytes_to_the_model() {
             for output in &step.outputs {
                 core.expect_output(output.clone());
             }
-            let (mounted, later) = cargo_promptgen::__private::generate::the_rest_of_the_chain(&chain, index, &all_recorded);
-            let mut check = cargo_promptgen::__private::check::check_for(cargo_promptgen::__private::check::CheckSetup {
-                chain: &chain,
-                layout: &layout,
-                step,
-                scratch: work.path().join("check"),
-                cancel: codegen_core::Cancel::new(),
-                mounted,
-                later,
-            });
+            let (mounted, later) =
+                cargo_promptgen::__private::generate::the_rest_of_the_chain(&chain, index, &all_recorded);
+            let mut check =
+                cargo_promptgen::__private::check::check_for(cargo_promptgen::__private::check::CheckSetup {
+                    chain: &chain,
+                    layout: &layout,
+                    step,
+                    scratch: work.path().join("check"),
+                    cancel: codegen_core::Cancel::new(),
+                    mounted,
+                    later,
+                });
             let output = match check.as_mut() {
                 Some(check) => core.run_checked(&mut backend, &mut sandbox, check.as_mut(), &mut |_| {}),
                 None => core.run(&mut backend, &mut sandbox),

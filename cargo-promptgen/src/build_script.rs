@@ -175,7 +175,12 @@ impl Builder {
     /// Runs the stale steps into the pending area: the tree, the steps that ran, the steps
     /// whose results come from the pending area.
     #[cfg(feature = "online")]
-    fn regenerate(&self, chain: &Chain, layout: &Layout, _stale: Vec<StaleStep>) -> Result<(Files, Vec<String>, Vec<String>), Error> {
+    fn regenerate(
+        &self,
+        chain: &Chain,
+        layout: &Layout,
+        _stale: Vec<StaleStep>,
+    ) -> Result<(Files, Vec<String>, Vec<String>), Error> {
         let mut show = |p: Progress| {
             if let Progress::StepStarted { id, .. } = p {
                 eprintln!("promptgen: regenerating step {id} of {}", layout.package_name);
@@ -187,15 +192,24 @@ impl Builder {
         let never = codegen_core::Cancel::new();
         let result =
             bring_up_to_date(chain, layout, &[], Destination::Pending, 1, &never, &mut show)?.into_failure()?;
-        let pending =
-            result.steps.iter().filter(|(_, state)| *state == StepState::Pending).map(|(entry, _)| entry.id.clone()).collect();
+        let pending = result
+            .steps
+            .iter()
+            .filter(|(_, state)| *state == StepState::Pending)
+            .map(|(entry, _)| entry.id.clone())
+            .collect();
         Ok((result.tree, result.regenerated, pending))
     }
 
     /// Without the `online` feature the build entry cannot call a model: a stale step is an
     /// error that names `cargo promptgen`.
     #[cfg(not(feature = "online"))]
-    fn regenerate(&self, chain: &Chain, _: &Layout, stale: Vec<StaleStep>) -> Result<(Files, Vec<String>, Vec<String>), Error> {
+    fn regenerate(
+        &self,
+        chain: &Chain,
+        _: &Layout,
+        stale: Vec<StaleStep>,
+    ) -> Result<(Files, Vec<String>, Vec<String>), Error> {
         Err(Error::Stale {
             package: chain.package_name.clone(),
             steps: stale,
@@ -269,9 +283,11 @@ fn dependency_origin(manifest_dir: &Path) -> Option<&'static str> {
         return Some("a vendored directory");
     }
     let unpacked = manifest_dir.ancestors().find(|dir| dir.join(".cargo-ok").is_file())?;
-    let is_git = unpacked.components().collect::<Vec<_>>().windows(2).any(|pair| {
-        pair[0].as_os_str() == "git" && pair[1].as_os_str() == "checkouts"
-    });
+    let is_git = unpacked
+        .components()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|pair| pair[0].as_os_str() == "git" && pair[1].as_os_str() == "checkouts");
     Some(if is_git { "a git repository" } else { "a registry" })
 }
 
@@ -327,7 +343,6 @@ fn emit_rerun_directives(chain: &Chain) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::dependency_origin;
@@ -347,7 +362,10 @@ mod tests {
         let checkout = dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d");
         std::fs::write(checkout.join(".cargo-ok"), "").unwrap();
         assert_eq!(dependency_origin(&checkout), Some("a git repository"));
-        assert_eq!(dependency_origin(&dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d/crates/inner")), Some("a git repository"));
+        assert_eq!(
+            dependency_origin(&dir("git/checkouts/greeting-061ff908fdfc7c78/a1b2c3d/crates/inner")),
+            Some("a git repository")
+        );
 
         let vendored = dir("vendor/greeting");
         std::fs::write(vendored.join(".cargo-checksum.json"), "{}").unwrap();

@@ -93,7 +93,8 @@ impl Check for RustcCheck {
         let tree: Files = walk_files(output_root).into_iter().map(|path| (path, Vec::new())).collect();
         let modules = module_tree(tree.keys(), &|file| format!("{:?}", output_root.join(file).display().to_string()));
         let root = format!("#![allow(dead_code, unused)]\nmod generated {{\n{modules}}}\n");
-        std::fs::create_dir_all(&self.scratch).map_err(|e| error(format!("cannot create {}: {e}", self.scratch.display())))?;
+        std::fs::create_dir_all(&self.scratch)
+            .map_err(|e| error(format!("cannot create {}: {e}", self.scratch.display())))?;
         let root_file = self.scratch.join("promptgen_check.rs");
         std::fs::write(&root_file, root).map_err(|e| error(format!("cannot write {}: {e}", root_file.display())))?;
         let mut command = Command::new(&self.rustc);
@@ -107,9 +108,9 @@ impl Check for RustcCheck {
             .current_dir(&self.scratch);
         // Confinement (issue 13): see `confine.rs`.
         crate::confine::rustc_check(&mut command, output_root, &self.scratch).map_err(error)?;
-        let output = command
-            .output()
-            .map_err(|e| error(format!("could not start `{}`: {e}; set RUSTC or put rustc on PATH", self.rustc.display())))?;
+        let output = command.output().map_err(|e| {
+            error(format!("could not start `{}`: {e}; set RUSTC or put rustc on PATH", self.rustc.display()))
+        })?;
         if output.status.success() {
             return Ok(CheckOutcome::Passed);
         }
@@ -218,7 +219,11 @@ pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
                 .iter()
                 .map(|name| name.to_string())
                 .chain(step.inputs.iter().filter_map(|input| {
-                    input.real_path.strip_prefix(&chain.package_dir).ok().map(|p| p.to_string_lossy().replace('\\', "/"))
+                    input
+                        .real_path
+                        .strip_prefix(&chain.package_dir)
+                        .ok()
+                        .map(|p| p.to_string_lossy().replace('\\', "/"))
                 }))
                 .collect(),
             redactor,
@@ -246,7 +251,10 @@ pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
 }
 
 // Confinement (issue 13): what a command check's `prepare` does; see `confine.rs`.
-fn command_confinement(chain: &Chain, layout: &Layout) -> impl Fn(&mut Command, &Path) -> Result<(), String> + Send + Sync + 'static {
+fn command_confinement(
+    chain: &Chain,
+    layout: &Layout,
+) -> impl Fn(&mut Command, &Path) -> Result<(), String> + Send + Sync + 'static {
     let (manifest, package_dir) = (chain.manifest_path.clone(), chain.package_dir.clone());
     let (package, target_dir) = (chain.package_name.clone(), layout.check_target_dir());
     move |command: &mut Command, tree: &Path| {
@@ -318,7 +326,8 @@ impl Check for CrateCheck {
         // The tree the crate sees: the other steps as recorded, this step's candidate over them.
         let mut tree = self.mounted.clone();
         for path in walk_files(output_root) {
-            let bytes = codegen_core::__private::fs::read(&output_root.join(&path)).map_err(|e| error(e.to_string()))?;
+            let bytes =
+                codegen_core::__private::fs::read(&output_root.join(&path)).map_err(|e| error(e.to_string()))?;
             tree.insert(path, bytes);
         }
         sync_dir(&self.tree_dir, &tree).map_err(|e| error(crate::error::report(&e)))?;
@@ -403,11 +412,7 @@ impl Check for CrateCheck {
         }
         let failed = diagnostics::failed_tests(&output.other_lines);
         if !failed.is_empty() {
-            let mut text = format!(
-                "{} test{} failed:\n",
-                failed.len(),
-                if failed.len() == 1 { "" } else { "s" }
-            );
+            let mut text = format!("{} test{} failed:\n", failed.len(), if failed.len() == 1 { "" } else { "s" });
             for test in &failed {
                 let output = self.redactor.filter_command_output(&map.relativize(&test.output), &self.tree_dir);
                 text.push_str(&format!("\ntest `{}`:\n{output}\n", test.name));
@@ -432,12 +437,29 @@ pub(crate) fn cargo_command(cargo: &Path) -> Command {
     remove_secrets(&mut command);
     for (name, _) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
-        let build_script_var = ["OUT_DIR", "TARGET", "HOST", "NUM_JOBS", "OPT_LEVEL", "DEBUG", "PROFILE", "MAKEFLAGS", "MFLAGS"]
-            .contains(&name)
-            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CFG_", "CARGO_FEATURE_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_PACKAGE"]
+        let build_script_var =
+            ["OUT_DIR", "TARGET", "HOST", "NUM_JOBS", "OPT_LEVEL", "DEBUG", "PROFILE", "MAKEFLAGS", "MFLAGS"]
+                .contains(&name)
+                || [
+                    "CARGO_MANIFEST_",
+                    "CARGO_PKG_",
+                    "CARGO_CFG_",
+                    "CARGO_FEATURE_",
+                    "CARGO_CRATE_",
+                    "CARGO_BIN_",
+                    "CARGO_PRIMARY_PACKAGE",
+                ]
                 .iter()
                 .any(|prefix| name.starts_with(prefix))
-            || ["CARGO_ENCODED_RUSTFLAGS", "CARGO_MAKEFLAGS", "CARGO_TARGET_DIR", "CARGO_TARGET_TMPDIR", "CARGO_RUSTC_CURRENT_DIR", TREE_VAR, TREE_PACKAGE_VAR]
+                || [
+                    "CARGO_ENCODED_RUSTFLAGS",
+                    "CARGO_MAKEFLAGS",
+                    "CARGO_TARGET_DIR",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                    TREE_VAR,
+                    TREE_PACKAGE_VAR,
+                ]
                 .contains(&name);
         if build_script_var {
             command.env_remove(name);

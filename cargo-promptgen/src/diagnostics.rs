@@ -347,7 +347,10 @@ mod tests {
     #[test]
     fn paths_become_the_ones_the_model_knows() {
         let map = map();
-        assert_eq!(map.place("/t/debug/build/pkg-1/out/promptgen/user_json.rs"), Place::Generated("user_json.rs".into()));
+        assert_eq!(
+            map.place("/t/debug/build/pkg-1/out/promptgen/user_json.rs"),
+            Place::Generated("user_json.rs".into())
+        );
         assert_eq!(map.place("pkg/src/main.rs"), Place::Crate("src/main.rs".into()));
         assert_eq!(map.place("/w/pkg/tests/it.rs"), Place::Crate("tests/it.rs".into()));
         assert_eq!(map.place("/root/.cargo/registry/src/x/serde-1.0/src/de.rs"), Place::Outside);
@@ -426,7 +429,10 @@ mod tests {
               "spans": [{"file_name": "/etc/x", "line_start": 1, "column_start": 1, "is_primary": true, "label": null, "text": []}]}]});
         let diagnostic: Diagnostic = serde_json::from_value(mixed).unwrap();
         let shown = render(&diagnostic, &map());
-        assert!(shown.contains("a.rs:2:5") && !shown.contains("root:secret") && !shown.contains("the secret line"), "{shown}");
+        assert!(
+            shown.contains("a.rs:2:5") && !shown.contains("root:secret") && !shown.contains("the secret line"),
+            "{shown}"
+        );
         assert!(shown.contains("(a file you may not read)"), "{shown}");
     }
 }

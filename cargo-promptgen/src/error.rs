@@ -4,8 +4,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use codegen_core::backend::BackendError;
 use codegen_core::FsError;
+use codegen_core::backend::BackendError;
 use codegen_core::sandbox::SandboxError;
 
 use crate::cache::MissingFile;
@@ -101,7 +101,9 @@ pub enum Error {
     },
     /// A generated file would read a file at compile time outside the generated tree (or a
     /// protected one); it is never recorded.
-    #[error("step `{id}`: `{path}` is not recorded: {detail}. Generated code may only include files of the generated tree; rewrite the step's prompt or script so that it does not.")]
+    #[error(
+        "step `{id}`: `{path}` is not recorded: {detail}. Generated code may only include files of the generated tree; rewrite the step's prompt or script so that it does not."
+    )]
     CompileTimeRead {
         /// The step.
         id: String,
@@ -112,7 +114,9 @@ pub enum Error {
     },
     /// A step's check could run only in part when the step ran (its tests needed what a
     /// later step writes), and fails now that the chain is complete.
-    #[error("step `{id}` was recorded, but its check `{check}` fails now that the whole chain is written (it could only run in part when the step ran):\n{diagnostics}\nRun `cargo promptgen --step {id}`: with the chain complete, its check runs in full and the model gets these messages.")]
+    #[error(
+        "step `{id}` was recorded, but its check `{check}` fails now that the whole chain is written (it could only run in part when the step ran):\n{diagnostics}\nRun `cargo promptgen --step {id}`: with the chain complete, its check runs in full and the model gets these messages."
+    )]
     CheckFailedOnceComplete {
         /// The step.
         id: String,
@@ -261,7 +265,12 @@ fn stale_message(package: &str, steps: &[StaleStep], reason: &str) -> String {
     text
 }
 
-fn stale_dependency_message(package: &str, origin: &str, manifest_dir: &std::path::Path, steps: &[StaleStep]) -> String {
+fn stale_dependency_message(
+    package: &str,
+    origin: &str,
+    manifest_dir: &std::path::Path,
+    steps: &[StaleStep],
+) -> String {
     let mut text = format!(
         "{package} is a dependency from {origin} (`{}`), and {} step{} of its prompt chain must be regenerated:\n",
         manifest_dir.display(),

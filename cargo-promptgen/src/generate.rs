@@ -554,7 +554,11 @@ struct Ran {
 pub fn recorded_files(chain: &Chain, records: &Records) -> BTreeMap<String, Files> {
     let mut recorded = BTreeMap::new();
     for step in &chain.steps {
-        let pending = records.pending.as_ref().and_then(|lock| lock.step(&step.id)).and_then(|e| records.pending_store.load(e).ok());
+        let pending = records
+            .pending
+            .as_ref()
+            .and_then(|lock| lock.step(&step.id))
+            .and_then(|e| records.pending_store.load(e).ok());
         let files = pending.or_else(|| records.lock.step(&step.id).and_then(|e| records.store.load(e).ok()));
         if let Some(files) = files {
             recorded.insert(step.id.clone(), files);
@@ -789,7 +793,10 @@ fn run_step(
             // Only a retry's seed differs from the one the fingerprint names.
             seed: if run == 1 { None } else { seed },
             fingerprint: assessed.fingerprint.clone(),
-            files: files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect(),
+            files: files
+                .iter()
+                .map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) })
+                .collect(),
         };
         let header = attempts::Header {
             step: step.id.clone(),

@@ -92,7 +92,6 @@ fn is_identifier(word: &str) -> bool {
     starts_well && word != "_" && chars.all(|c| c == '_' || c.is_ascii_alphanumeric()) && !KEYWORDS.contains(&word)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

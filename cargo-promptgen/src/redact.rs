@@ -138,7 +138,9 @@ fn looks_like_a_path(word: &str) -> bool {
 /// The toolchain's and the cargo home's files: public sources, fine to quote.
 fn is_public(path: &Path) -> bool {
     let text = path.to_string_lossy();
-    text.contains("/.rustup/toolchains/") || text.contains("/.cargo/registry/src/") || text.contains("/.cargo/git/checkouts/")
+    text.contains("/.rustup/toolchains/")
+        || text.contains("/.cargo/registry/src/")
+        || text.contains("/.cargo/git/checkouts/")
 }
 
 /// The protected files under `root` (not in `target/` or `.git/`, at most six folders deep).
@@ -186,7 +188,8 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("target")).unwrap();
         std::fs::write(dir.path().join("target/.env"), "IGNORED=not-a-secret-here\n").unwrap();
         let redactor = Redactor::for_package(dir.path(), None);
-        let text = "the key is sk-live-1234567890, the line API_KEY=\"sk-live-1234567890\", the pem MIIEvQIBADANBgkq, abc";
+        let text =
+            "the key is sk-live-1234567890, the line API_KEY=\"sk-live-1234567890\", the pem MIIEvQIBADANBgkq, abc";
         let shown = redactor.withhold(text);
         assert!(!shown.contains("sk-live") && !shown.contains("MIIEvQ"), "{shown}");
         assert!(shown.contains(WITHHELD) && shown.ends_with(", abc"), "short values are left: {shown}");

@@ -10,7 +10,7 @@ use codegen_core::__private::fs;
 use crate::cache::Cache;
 use crate::error::Error;
 use crate::layout::Store;
-use crate::lock::{sha256_hex, Lock, LockedStep};
+use crate::lock::{Lock, LockedStep, sha256_hex};
 
 /// A generated tree or part of one: path (forward slashes) to bytes, in path order.
 pub type Files = std::collections::BTreeMap<String, Vec<u8>>;
@@ -167,7 +167,11 @@ impl Storage {
                 && let Some(read) =
                     codegen_core::sandbox::forbidden_compile_time_read(path, &String::from_utf8_lossy(bytes))
             {
-                return Err(Error::CompileTimeRead { id: entry.id.clone(), path: path.clone(), detail: read.to_string() });
+                return Err(Error::CompileTimeRead {
+                    id: entry.id.clone(),
+                    path: path.clone(),
+                    detail: read.to_string(),
+                });
             }
         }
         match self {

@@ -75,7 +75,10 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     let out = run(package.cargo(&["build", "--quiet"]).env("PROMPTGEN_OFFLINE", "1"));
     assert!(!out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("step 02") && stderr.contains("step 03") && stderr.contains("PROMPTGEN_OFFLINE"), "{stderr}");
+    assert!(
+        stderr.contains("step 02") && stderr.contains("step 03") && stderr.contains("PROMPTGEN_OFFLINE"),
+        "{stderr}"
+    );
     assert!(stderr.contains(&format!("cargo promptgen -p {}", package.name)), "{stderr}");
     assert_eq!(server.requests().len(), 6, "an offline build calls no model");
 
@@ -89,7 +92,11 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cargo promptgen accept"), "{stderr}");
     assert_eq!(server.requests().len(), 10);
-    assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n", "the build never writes the package");
+    assert_eq!(
+        package.read("promptgen/02/b.rs"),
+        "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n",
+        "the build never writes the package"
+    );
     let out = run(package.cargo(&["run", "--quiet"]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ab2c", "{}", text(&out));
     assert_eq!(server.requests().len(), 10, "pending results are reused, not regenerated");
@@ -103,7 +110,11 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     // 6. `diff` shows what changed; `accept` records it without calling a model.
     let out = run(&mut package.promptgen(&["diff"]));
     let diff = String::from_utf8_lossy(&out.stdout);
-    assert!(diff.contains("-pub fn b() -> String { format!(\"{}b1\", super::a::a()) }") && diff.contains("+pub fn b() -> String { format!(\"{}b2\", super::a::a()) }"), "{diff}");
+    assert!(
+        diff.contains("-pub fn b() -> String { format!(\"{}b1\", super::a::a()) }")
+            && diff.contains("+pub fn b() -> String { format!(\"{}b2\", super::a::a()) }"),
+        "{diff}"
+    );
     let out = run(&mut package.promptgen(&["accept"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n");

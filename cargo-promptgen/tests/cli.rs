@@ -5,8 +5,7 @@
 
 mod support;
 
-
-use promptgen_tests::{refused_url, FakeLlm, Reply};
+use promptgen_tests::{FakeLlm, Reply, refused_url};
 use support::{Package, edit, finish, run, stderr, stdout, text, write};
 
 const THREE_STEPS: &str = r#"
@@ -489,7 +488,11 @@ fn a_step_removed_from_the_manifest_leaves_the_lock_and_is_reported() {
 
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(1), "the lock no longer matches the manifest: {}", text(&out));
-    assert!(stdout(&out).contains("promptgen.lock records step 03, which Cargo.toml no longer declares"), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("promptgen.lock records step 03, which Cargo.toml no longer declares"),
+        "{}",
+        text(&out)
+    );
 
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -546,12 +549,19 @@ fn packages_are_chosen_and_their_workspace_found_as_cargo_does() {
     }
     let out = promptgen(&["status", "-p", "member@9.9.9"], ".");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(stderr(&out).contains("no package `member@9.9.9`") && stderr(&out).contains("member@0.3.0"), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("no package `member@9.9.9`") && stderr(&out).contains("member@0.3.0"),
+        "{}",
+        text(&out)
+    );
     // The excluded package is its own workspace: no model is inherited, and the error says so.
     let out = promptgen(&["status"], "excluded");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = stderr(&out);
-    assert!(err.contains("`package.metadata.promptgen.model` is missing") && !err.contains("from-the-workspace"), "{err}");
+    assert!(
+        err.contains("`package.metadata.promptgen.model` is missing") && !err.contains("from-the-workspace"),
+        "{err}"
+    );
 }
 
 /// Without the `online` feature the build entry compiles no HTTP client and no model loop:
@@ -569,7 +579,10 @@ fn a_build_script_without_the_online_feature_never_calls_a_model() {
     let out = run(package.cargo(&["build", "--quiet"]).env("PROMPTGEN_BASE_URL", server.url()));
     assert!(!out.status.success(), "{}", text(&out));
     let err = stderr(&out);
-    assert!(err.contains("`online` feature is off") && err.contains(&format!("cargo promptgen -p {}", package.name)), "{err}");
+    assert!(
+        err.contains("`online` feature is off") && err.contains(&format!("cargo promptgen -p {}", package.name)),
+        "{err}"
+    );
     assert!(server.requests().is_empty(), "{err}");
     // `cargo promptgen` records the chain; the build then needs no model.
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));

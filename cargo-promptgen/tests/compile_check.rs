@@ -7,10 +7,9 @@
 
 mod support;
 
-
 use cargo_promptgen::__private::lock::{Lock, LockedStep};
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 fn check() -> Reply {
@@ -42,7 +41,10 @@ fn lock_of(package: &Package) -> Lock {
 }
 
 fn entry(package: &Package, id: &str) -> LockedStep {
-    lock_of(package).step(id).unwrap_or_else(|| panic!("no step {id} in the lock:\n{}", package.read("promptgen.lock"))).clone()
+    lock_of(package)
+        .step(id)
+        .unwrap_or_else(|| panic!("no step {id} in the lock:\n{}", package.read("promptgen.lock")))
+        .clone()
 }
 
 fn recorded_paths(entry: &LockedStep) -> Vec<&str> {
@@ -197,7 +199,9 @@ fn a_model_that_never_fixes_its_code_fails_the_step_and_changes_nothing() {
     assert!(refusal.contains("repair round 1 of 1") && refusal.contains("error[E0308]"), "{refusal}");
 
     let err = stderr(&out);
-    for phrase in ["step `02` failed", "the files still fail `rustc` after 1 repair round;", "error[E0425]", "b.rs:", "unchanged"] {
+    for phrase in
+        ["step `02` failed", "the files still fail `rustc` after 1 repair round;", "error[E0425]", "b.rs:", "unchanged"]
+    {
         assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
     }
     assert!(!err.contains("error[E0308]"), "the last diagnostics are shown, not the first:\n{err}");
@@ -295,7 +299,8 @@ check = ["sh", "-c", 'grep -q ok "$PROMPTGEN_TREE/notes.txt" || { echo "notes.tx
 
 #[test]
 fn a_check_command_fails_with_its_output_and_a_missing_one_is_the_users_problem() {
-    let server = FakeLlm::start(vec![write("notes.txt", "nothing yet\n"), finish(), write("notes.txt", "ok\n"), finish()]);
+    let server =
+        FakeLlm::start(vec![write("notes.txt", "nothing yet\n"), finish(), write("notes.txt", "ok\n"), finish()]);
     let package = Package::new(NOTES_CHECK, "");
     package.write("prompts/01.md", "Write notes.txt.\n");
     let url = server.url();
@@ -304,7 +309,9 @@ fn a_check_command_fails_with_its_output_and_a_missing_one_is_the_users_problem(
     assert_eq!(server.requests().len(), 4, "{}", text(&out));
     assert!(tool_names(&request(&server, 0)).contains(&"check".to_string()));
     let refusal = last_message(&request(&server, 2));
-    for phrase in ["`finish` refused", "`sh -c grep -q ok", "repair round 1 of 3", "exit status: 1", "notes.txt must say ok"] {
+    for phrase in
+        ["`finish` refused", "`sh -c grep -q ok", "repair round 1 of 3", "exit status: 1", "notes.txt must say ok"]
+    {
         assert!(refusal.contains(phrase), "expected `{phrase}` in:\n{refusal}");
     }
     assert_eq!(package.read("promptgen/01/notes.txt"), "ok\n");
@@ -354,7 +361,8 @@ outputs = ["a.rs"]
 #[test]
 fn with_the_check_off_code_that_does_not_compile_is_recorded_and_no_check_tool_is_offered() {
     let server = FakeLlm::start(vec![write("a.rs", A_BROKEN), finish()]);
-    let package = Package::new(&ONE_RUST_STEP.replace("outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck = \"none\""), "");
+    let package =
+        Package::new(&ONE_RUST_STEP.replace("outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck = \"none\""), "");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -481,7 +489,8 @@ fn the_rustc_check_uses_the_packages_edition() {
 #[test]
 fn a_failed_check_shows_its_diagnostics_once() {
     let server = FakeLlm::start(vec![write("a.rs", A_BROKEN), finish()]);
-    let package = Package::new(&ONE_RUST_STEP.replace("outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck_rounds = 0"), "");
+    let package =
+        Package::new(&ONE_RUST_STEP.replace("outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck_rounds = 0"), "");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

@@ -402,7 +402,10 @@ fn backend_config_carries_the_chain_and_the_step_script() {
     assert_eq!(config.script, step.script);
     assert_eq!(config.num_ctx, 2048);
     assert_eq!(config.http.request_timeout, Duration::from_secs(5));
-    assert_eq!((config.http.first_byte_timeout, config.http.idle_timeout), (Duration::from_secs(4), Duration::from_secs(3)));
+    assert_eq!(
+        (config.http.first_byte_timeout, config.http.idle_timeout),
+        (Duration::from_secs(4), Duration::from_secs(3))
+    );
     assert_eq!(config.base_url, None);
     assert_eq!(chain.effective_base_url(), None);
 

@@ -94,7 +94,12 @@ fn package(edit: impl Fn(&str) -> String) -> Package {
 
 fn last_message(request: &RecordedRequest) -> String {
     let body = request.json();
-    body["messages"].as_array().and_then(|m| m.last()).and_then(|m| m["content"].as_str()).unwrap_or_default().to_string()
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn lock_of(package: &Package) -> Lock {
@@ -136,7 +141,9 @@ fn a_mistake_only_the_crate_shows_reaches_the_model_with_the_compilers_message_a
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 5, "{}", text(&out));
     let refusal = last_message(&server.requests()[2]);
-    for phrase in ["`finish` refused", "`cargo check`", "error[E0609]", "no field `nmae`", "user_json.rs:8:", "user.nmae"] {
+    for phrase in
+        ["`finish` refused", "`cargo check`", "error[E0609]", "no field `nmae`", "user_json.rs:8:", "user.nmae"]
+    {
         assert!(refusal.contains(phrase), "expected `{phrase}` in:\n{refusal}");
     }
     for leak in ["/out/promptgen", "check-target", "/tmp/", &package.dir.path().display().to_string()] {
@@ -285,7 +292,11 @@ fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at
     let out = promptgen(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = stderr(&out);
-    for phrase in ["step `01` was recorded, but its check `cargo test` fails now that the whole chain is written", "a_says_a", "cargo promptgen --step 01"] {
+    for phrase in [
+        "step `01` was recorded, but its check `cargo test` fails now that the whole chain is written",
+        "a_says_a",
+        "cargo promptgen --step 01",
+    ] {
         assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
     }
     // With the chain complete, running the step again gives the model the failing test.
@@ -304,12 +315,7 @@ fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at
 
 #[test]
 fn seed_retries_run_a_failed_step_again_with_the_next_seed_and_record_the_seed_that_worked() {
-    let server = FakeLlm::start(vec![
-        write("user_json.rs", TYPO),
-        finish(),
-        write("user_json.rs", GOOD),
-        finish(),
-    ]);
+    let server = FakeLlm::start(vec![write("user_json.rs", TYPO), finish(), write("user_json.rs", GOOD), finish()]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck_rounds = 0\nseed_retries = 2\n"));
     let out = promptgen(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -322,7 +328,11 @@ fn seed_retries_run_a_failed_step_again_with_the_next_seed_and_record_the_seed_t
     let transcript = package.read("promptgen/01.transcript.jsonl");
     assert_eq!(transcript.matches("\"event\":\"start\"").count(), 2, "both runs are in the transcript:\n{transcript}");
     let status = run(&mut package.promptgen(&["status"]));
-    assert!(String::from_utf8_lossy(&status.stdout).contains("recorded from a retry, with seed 8"), "{}", text(&status));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("recorded from a retry, with seed 8"),
+        "{}",
+        text(&status)
+    );
 }
 
 /// A test's output goes back to the model, and through it to the model's server: a test that
@@ -337,15 +347,13 @@ fn secrets_in_the_environment_never_reach_the_model_through_a_tests_output() {
         "    #[test]\n    fn prints_the_environment() {\n        let env: Vec<String> = std::env::vars().map(|(k, v)| format!(\"{k}={v}\")).collect();\n        panic!(\"{}\", env.join(\"\\n\"));\n    }\n\n    #[test]\n    fn json_has_every_field() {",
     );
     package.write("src/main.rs", &leaky);
-    let out = run(
-        package
-            .promptgen(&[])
-            .env("PROMPTGEN_BASE_URL", server.url())
-            .env("CARGO_NET_OFFLINE", "true")
-            .env("OPENAI_API_KEY", canary)
-            .env("MY_SERVICE_TOKEN", canary)
-            .env("AWS_SECRET_ACCESS_KEY", canary),
-    );
+    let out = run(package
+        .promptgen(&[])
+        .env("PROMPTGEN_BASE_URL", server.url())
+        .env("CARGO_NET_OFFLINE", "true")
+        .env("OPENAI_API_KEY", canary)
+        .env("MY_SERVICE_TOKEN", canary)
+        .env("AWS_SECRET_ACCESS_KEY", canary));
     assert_eq!(out.status.code(), Some(1), "the test fails: {}", text(&out));
     assert_eq!(server.requests().len(), 4, "{}", text(&out));
     let told = last_message(&server.requests()[2]);
@@ -370,7 +378,8 @@ fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_
 
     // A hand-written test that says who it is, then sleeps; and a prompt edited, so step 01 runs.
     // In the check's target folder: a confined check may write there, and not in the package.
-    let pid_file = support::shared_target().join("promptgen/check-target").join(format!("{}-slow-test.pid", package.name));
+    let pid_file =
+        support::shared_target().join("promptgen/check-target").join(format!("{}-slow-test.pid", package.name));
     let _ = std::fs::remove_file(&pid_file);
     package.write(
         "tests/slow.rs",
@@ -461,22 +470,35 @@ fn compile_time_reads_of_secrets_are_refused_under_every_check() {
             "pub const K: &str = include_str!(\".env\");\n".to_string(),
         ];
         // `rustc` checks the file alone: its honest file needs nothing of the crate.
-        let honest = if check == "rustc" { "pub fn describe(name: &str, age: u32) -> String {\n    format!(\"{name} ({age})\")\n}\n" } else { GOOD };
-        let mut script: Vec<Reply> = attempts.iter().map(|code| write("user_json.rs", &format!("{code}{honest}"))).collect();
+        let honest = if check == "rustc" {
+            "pub fn describe(name: &str, age: u32) -> String {\n    format!(\"{name} ({age})\")\n}\n"
+        } else {
+            GOOD
+        };
+        let mut script: Vec<Reply> =
+            attempts.iter().map(|code| write("user_json.rs", &format!("{code}{honest}"))).collect();
         script.extend([write("user_json.rs", honest), finish()]);
         let server = FakeLlm::start(script);
         let out = promptgen(&package, &server, &[]);
         assert_eq!(out.status.code(), Some(0), "{check}: {}", text(&out));
         let requests = server.requests();
         assert_eq!(requests.len(), attempts.len() + 2, "{check}: {}", text(&out));
-        for (i, construct) in ["include!", "include_str!", "include_bytes!", "path", "include_str!", "include_str!"].iter().enumerate() {
+        for (i, construct) in
+            ["include!", "include_str!", "include_bytes!", "path", "include_str!", "include_str!"].iter().enumerate()
+        {
             let told = last_message(&requests[i + 1]);
             assert!(told.contains("was not written") && told.contains(construct), "{check}, attempt {i}: {told}");
         }
         for request in &requests {
-            assert!(!request.body.contains(env_canary) && !request.body.contains(outside_canary), "{check}: a canary reached the server");
+            assert!(
+                !request.body.contains(env_canary) && !request.body.contains(outside_canary),
+                "{check}: a canary reached the server"
+            );
         }
-        assert!(!package.read("promptgen/01/user_json.rs").contains("include"), "{check}: only the honest file is recorded");
+        assert!(
+            !package.read("promptgen/01/user_json.rs").contains("include"),
+            "{check}: only the honest file is recorded"
+        );
     }
 }
 
@@ -488,7 +510,10 @@ fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
     let canary = "sk-env-canary-a93f";
     let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish(), finish()]);
     let package = package(|m| {
-        m.replace("seed = 7\n", "seed = 7\ncheck = [\"sh\", \"-c\", \"cat .env; echo checked; exit 1\"]\ncheck_rounds = 1\n")
+        m.replace(
+            "seed = 7\n",
+            "seed = 7\ncheck = [\"sh\", \"-c\", \"cat .env; echo checked; exit 1\"]\ncheck_rounds = 1\n",
+        )
     });
     package.write(".env", &format!("# local settings\nAPI_KEY={canary}\n"));
     let mut command = package.promptgen(&[]);

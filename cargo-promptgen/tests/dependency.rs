@@ -54,7 +54,10 @@ fn a_git_dependency_whose_lock_is_stale_fails_the_build_naming_it_and_calls_no_m
     let manifest = manifest.split("[build-dependencies]").next().unwrap().to_string() + "[workspace]\n";
     app.write("Cargo.toml", &manifest);
     std::fs::remove_file(app.path("build.rs")).unwrap();
-    app.write("src/main.rs", &format!("fn main() {{\n    println!(\"{{}}\", {}::greet());\n}}\n", dependency.name.replace('-', "_")));
+    app.write(
+        "src/main.rs",
+        &format!("fn main() {{\n    println!(\"{{}}\", {}::greet());\n}}\n", dependency.name.replace('-', "_")),
+    );
     let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
     app.write("Cargo.lock", &lock);
 
@@ -70,14 +73,13 @@ fn a_git_dependency_whose_lock_is_stale_fails_the_build_naming_it_and_calls_no_m
         std::os::unix::fs::symlink(user_home.join("registry"), cargo_home.join("registry")).unwrap();
     }
 
-    let out = run(
-        app.cargo(&["build"])
-            .env("CARGO_HOME", &cargo_home)
-            .env("CARGO_HTTP_PROXY", "http://127.0.0.1:9")
-            .env("CARGO_NET_RETRY", "0")
-            .env("OLLAMA_HOST", server.url())
-            .env("PROMPTGEN_BASE_URL", server.url()),
-    );
+    let out = run(app
+        .cargo(&["build"])
+        .env("CARGO_HOME", &cargo_home)
+        .env("CARGO_HTTP_PROXY", "http://127.0.0.1:9")
+        .env("CARGO_NET_RETRY", "0")
+        .env("OLLAMA_HOST", server.url())
+        .env("PROMPTGEN_BASE_URL", server.url()));
     assert!(!out.status.success(), "{}", text(&out));
     let err = stderr(&out);
     for phrase in [

@@ -34,17 +34,23 @@ fn example_app_regenerates_from_an_empty_lock_with_its_own_settings_and_reproduc
     // cargo-promptgen from the copy.
     let workspace = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap();
     let package = workspace.split("[workspace.dependencies]").next().unwrap();
-    std::fs::write(dir.path().join("Cargo.toml"), package.replace(
-        "members = [\"codegen-core\", \"cargo-promptgen\", \"example-app\", \"tests\"]",
-        "members = [\"example-app\"]",
-    ))
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        package.replace(
+            "members = [\"codegen-core\", \"cargo-promptgen\", \"example-app\", \"tests\"]",
+            "members = [\"example-app\"]",
+        ),
+    )
     .unwrap();
     let manifest = dir.path().join("example-app/Cargo.toml");
     let text_of = std::fs::read_to_string(&manifest).unwrap();
     assert!(text_of.contains("path = \"../cargo-promptgen\""), "{text_of}");
     std::fs::write(
         &manifest,
-        text_of.replace("path = \"../cargo-promptgen\"", &format!("path = \"{}\"", repo.join("cargo-promptgen").display())),
+        text_of.replace(
+            "path = \"../cargo-promptgen\"",
+            &format!("path = \"{}\"", repo.join("cargo-promptgen").display()),
+        ),
     )
     .unwrap();
     std::fs::copy(repo.join("Cargo.lock"), dir.path().join("Cargo.lock")).unwrap();

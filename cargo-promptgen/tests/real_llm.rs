@@ -181,7 +181,8 @@ fn the_tools_are_rendered_into_the_prompt_the_model_sees() {
     let messages = [Message::system("You work through tools."), Message::user("Say hello.")];
     let specs = codegen_core::__private::tools::specs_for(false);
     let mut ask = |tools: &[codegen_core::chat::ToolSpec]| {
-        let request = ChatRequest { model: "smollm2", messages: &messages, tools, seed: Some(1), temperature: Some(0.0) };
+        let request =
+            ChatRequest { model: "smollm2", messages: &messages, tools, seed: Some(1), temperature: Some(0.0) };
         backend.chat(&request).unwrap_or_else(|e| panic!("{e}")).usage.prompt_tokens.unwrap_or(0)
     };
     let (without, with) = (ask(&[]), ask(&specs));
@@ -211,9 +212,15 @@ fn a_real_tool_call_round_trips_through_the_backend() {
             Vec::new(),
         ));
     }
-    let request = ChatRequest { model: "smollm2", messages: &sent, tools: &specs, seed: Some(1), temperature: Some(0.0) };
+    let request =
+        ChatRequest { model: "smollm2", messages: &sent, tools: &specs, seed: Some(1), temperature: Some(0.0) };
     let reply = backend.chat(&request).unwrap_or_else(|e| panic!("{e}"));
-    println!("MEASURE {} tool call: finish_reason {:?}, {:?}", server_kind(), reply.finish_reason, reply.message.tool_calls);
+    println!(
+        "MEASURE {} tool call: finish_reason {:?}, {:?}",
+        server_kind(),
+        reply.finish_reason,
+        reply.message.tool_calls
+    );
     // llama-server reports a call the output cap cut short as `length`, with the call parsed.
     let expected: &[&str] = if server_kind() == "llama-server" { &["tool_calls", "length"] } else { &["tool_calls"] };
     assert!(expected.contains(&reply.finish_reason.as_deref().unwrap_or("")), "{reply:?}");
@@ -227,7 +234,8 @@ fn a_real_tool_call_round_trips_through_the_backend() {
     // The echo of the call and its result, in our wire shape, is accepted.
     messages.push(Message::assistant("", vec![call.clone()]));
     messages.push(Message::tool_result(&call, "Wrote hello.txt (11 bytes)."));
-    let request = ChatRequest { model: "smollm2", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0) };
+    let request =
+        ChatRequest { model: "smollm2", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0) };
     let next = backend.chat(&request).unwrap_or_else(|e| panic!("the server refused our echo of its own call: {e}"));
     assert!(next.usage.prompt_tokens.unwrap_or(0) > 0, "{next:?}");
 }

@@ -224,7 +224,11 @@ fn two_runs_at_once_take_turns_and_call_the_model_once() {
     assert_eq!(first.status.code(), Some(0), "{}", text(&first));
     assert_eq!(second.status.code(), Some(0), "{}", text(&second));
     assert_eq!(server.requests().len(), 7, "{}\n{}", text(&first), text(&second));
-    assert!(stderr(&second).contains("waiting for another process working on"), "the second waited:\n{}", text(&second));
+    assert!(
+        stderr(&second).contains("waiting for another process working on"),
+        "the second waited:\n{}",
+        text(&second)
+    );
     assert!(!stderr(&first).contains("waiting for another process"), "{}", text(&first));
     let mut summaries: Vec<bool> =
         [&first, &second].iter().map(|o| stderr(o).contains("3 of 3 steps regenerated")).collect();

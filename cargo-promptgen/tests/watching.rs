@@ -246,7 +246,9 @@ fn each_step_starts_naming_the_step_it_runs_after_and_its_state() {
             started.push((id, after));
         }
     };
-    generate::bring_up_to_date(&chain, &layout, &[], Destination::Committed, 1, &Cancel::new(), &mut collect).and_then(|r| r.into_failure()).unwrap();
+    generate::bring_up_to_date(&chain, &layout, &[], Destination::Committed, 1, &Cancel::new(), &mut collect)
+        .and_then(|r| r.into_failure())
+        .unwrap();
     assert_eq!(started, [("01".to_string(), None), ("02".to_string(), Some(("01".to_string(), "regenerated")))]);
 
     // Only 02 runs again: 01 is as recorded.
@@ -259,7 +261,9 @@ fn each_step_starts_naming_the_step_it_runs_after_and_its_state() {
         }
     };
     let forced = ["02".to_string()];
-    generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, 1, &Cancel::new(), &mut collect).and_then(|r| r.into_failure()).unwrap();
+    generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, 1, &Cancel::new(), &mut collect)
+        .and_then(|r| r.into_failure())
+        .unwrap();
     assert_eq!(started, [("02".to_string(), Some(("01".to_string(), "recorded")))]);
 }
 

@@ -82,7 +82,13 @@ impl CommandCheck {
     /// `command[0]` with the other items as arguments, run in `dir`.
     pub fn new(command: &[String], dir: impl Into<PathBuf>) -> Option<CommandCheck> {
         let (program, args) = command.split_first()?;
-        Some(CommandCheck { program: program.clone(), args: args.to_vec(), dir: dir.into(), env: Vec::new(), prepare: None })
+        Some(CommandCheck {
+            program: program.clone(),
+            args: args.to_vec(),
+            dir: dir.into(),
+            env: Vec::new(),
+            prepare: None,
+        })
     }
 
     /// Runs `prepare` on the command, with the output root, after its environment is set and
@@ -115,9 +121,10 @@ impl Check for CommandCheck {
         if let Some(PrepareCommand(prepare)) = &self.prepare {
             prepare(&mut command, output_root).map_err(|detail| CheckError { check: self.name(), detail })?;
         }
-        let output = command
-            .output()
-            .map_err(|e| CheckError { check: self.name(), detail: format!("{e} (is `{}` installed and on PATH?)", self.program) })?;
+        let output = command.output().map_err(|e| CheckError {
+            check: self.name(),
+            detail: format!("{e} (is `{}` installed and on PATH?)", self.program),
+        })?;
         if output.status.success() {
             return Ok(CheckOutcome::Passed);
         }
@@ -178,9 +185,17 @@ mod tests {
 
     #[test]
     fn names_that_may_hold_secrets_are_recognised() {
-        for name in ["OPENAI_API_KEY", "GITHUB_TOKEN", "CARGO_REGISTRY_TOKEN", "AWS_REGION", "DB_PASSWORD", "MY_SECRET_X",
-            "GOOGLE_APPLICATION_CREDENTIALS", "aws_access_key_id", "SSH_PRIVATE_KEY"]
-        {
+        for name in [
+            "OPENAI_API_KEY",
+            "GITHUB_TOKEN",
+            "CARGO_REGISTRY_TOKEN",
+            "AWS_REGION",
+            "DB_PASSWORD",
+            "MY_SECRET_X",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "aws_access_key_id",
+            "SSH_PRIVATE_KEY",
+        ] {
             assert!(may_hold_a_secret(name), "{name}");
         }
         for name in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_TOOLCHAIN", "OLLAMA_HOST", "LANG"] {

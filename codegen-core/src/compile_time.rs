@@ -47,9 +47,11 @@ pub fn first_forbidden_read(
                     continue;
                 }
                 match (tokens.get(index + 2), tokens.get(index + 3), tokens.get(index + 4)) {
-                    (Some(Token::Punct('(' | '[' | '{')), Some(Token::Str(literal)), Some(Token::Punct(')' | ']' | '}'))) => {
-                        Argument::Literal(literal.clone())
-                    }
+                    (
+                        Some(Token::Punct('(' | '[' | '{')),
+                        Some(Token::Str(literal)),
+                        Some(Token::Punct(')' | ']' | '}')),
+                    ) => Argument::Literal(literal.clone()),
                     _ => Argument::Built,
                 }
             }
@@ -90,7 +92,9 @@ fn reason_to_refuse(dir: &[&str], literal: &str, protected: &dyn Fn(&str) -> Opt
         || literal.starts_with('\\')
         || (bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':')
     {
-        return Some("reads a file by its absolute path; generated code may only include files of the generated tree".into());
+        return Some(
+            "reads a file by its absolute path; generated code may only include files of the generated tree".into(),
+        );
     }
     let mut resolved: Vec<&str> = dir.to_vec();
     for part in literal.split(['/', '\\']) {
@@ -330,11 +334,19 @@ mod tests {
         let refused = [
             ("include!(\"/home/me/project/.env\");", "include!(\"/home/me/project/.env\")", "absolute path"),
             ("const K: &str = include_str!(\"/etc/passwd\");", "include_str!(\"/etc/passwd\")", "absolute path"),
-            ("static B: &[u8] = include_bytes!(\"../../Cargo.toml\");", "include_bytes!(\"../../Cargo.toml\")", "outside the generated tree"),
+            (
+                "static B: &[u8] = include_bytes!(\"../../Cargo.toml\");",
+                "include_bytes!(\"../../Cargo.toml\")",
+                "outside the generated tree",
+            ),
             ("include!(\"sub/../../x.rs\");", "include!(\"sub/../../x.rs\")", "outside"),
             ("include_str!(\".env\")", "include_str!(\".env\")", "protected"),
             ("include_str!(r#\"C:\\secrets\"#)", "include_str!(\"C:\\\\secrets\")", "absolute path"),
-            ("include!(concat!(env!(\"HOME\"), \"/.ssh/id_rsa\"));", "include!(concat!(env!(\"HOME\"), \"/.ssh/id_rsa\"))", "builds the path"),
+            (
+                "include!(concat!(env!(\"HOME\"), \"/.ssh/id_rsa\"));",
+                "include!(concat!(env!(\"HOME\"), \"/.ssh/id_rsa\"))",
+                "builds the path",
+            ),
             ("#[path = \"/tmp/evil.rs\"]\nmod evil;", "path = \"/tmp/evil.rs\"", "absolute path"),
             ("#[cfg_attr(unix, path = \"../../../.env\")]\nmod evil;", "path = \"../../../.env\"", "outside"),
             ("include_str! [\"/etc/hosts\"]", "include_str![\"/etc/hosts\"]", "absolute path"),

@@ -26,6 +26,9 @@ mod tests {
         struct Outer(#[source] std::io::Error);
         let error = Outer(std::io::Error::other("inner trouble"));
         // The old rule skipped a cause whose text the message happened to contain.
-        assert_eq!(error_with_causes(&error, "\ncaused by: "), "outer mentions: inner trouble\ncaused by: inner trouble");
+        assert_eq!(
+            error_with_causes(&error, "\ncaused by: "),
+            "outer mentions: inner trouble\ncaused by: inner trouble"
+        );
     }
 }

@@ -137,10 +137,10 @@ pub(crate) fn execute(name: &str, arguments: &Arguments, sandbox: &mut Sandbox) 
                 .map_err(|r| r.to_string()))
         }),
         LIST_FILES => optional_string_arg(name, args, "dir").map(|dir| {
-            sandbox.list_files(dir).map(|files| {
-                if files.is_empty() { "(no files yet)".to_string() } else { files.join("\n") }
-            })
-            .map_err(|r| r.to_string())
+            sandbox
+                .list_files(dir)
+                .map(|files| if files.is_empty() { "(no files yet)".to_string() } else { files.join("\n") })
+                .map_err(|r| r.to_string())
         }),
         FINISH => {
             return match optional_string_arg(name, args, "summary") {

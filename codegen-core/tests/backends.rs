@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use codegen_core::__private::tools::tool_specs;
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, HttpConfig, RetryPolicy};
 use codegen_core::chat::{Arguments, Message, ToolCall};
-use codegen_core::__private::tools::tool_specs;
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
 use serde_json::{Value, json};
 
@@ -268,7 +268,8 @@ fn openai_echoes_malformed_arguments_as_an_empty_object_so_the_server_accepts_th
     let server = FakeLlm::start(vec![Reply::turn(Turn::text("done"))]);
     let mut backend = openai(&server);
     let cut = r#"{"path": "hello.txt", "content": "Hello, World! This is a te"#;
-    let call = ToolCall { id: "call_1".into(), name: "write_file".into(), arguments: Arguments::from_value(json!(cut)) };
+    let call =
+        ToolCall { id: "call_1".into(), name: "write_file".into(), arguments: Arguments::from_value(json!(cut)) };
     assert!(matches!(call.arguments, Arguments::Malformed { .. }), "{:?}", call.arguments);
     let mut messages = hello();
     messages.push(Message::assistant("", vec![call.clone()]));

@@ -35,7 +35,8 @@ fn finish() -> Reply {
 #[test]
 fn a_failing_check_sends_its_messages_back_and_the_fix_finishes_the_step() {
     let dir = tempfile::tempdir().unwrap();
-    let server = FakeLlm::start(vec![write("fn a() -> u8 { \"x\" }"), finish(), write("fn a() -> u8 { 1 } // fixed"), finish()]);
+    let server =
+        FakeLlm::start(vec![write("fn a() -> u8 { \"x\" }"), finish(), write("fn a() -> u8 { 1 } // fixed"), finish()]);
     let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
     let mut check = grep_check(dir.path());
     let output = Step::new("m", "Write a.rs.")
@@ -86,12 +87,8 @@ fn code_that_never_passes_fails_the_step_with_the_last_diagnostics() {
 #[test]
 fn the_model_can_run_the_check_itself_before_finishing() {
     let dir = tempfile::tempdir().unwrap();
-    let server = FakeLlm::start(vec![
-        write("broken"),
-        Reply::turn(Turn::call("check", json!({}))),
-        write("fixed"),
-        finish(),
-    ]);
+    let server =
+        FakeLlm::start(vec![write("broken"), Reply::turn(Turn::call("check", json!({}))), write("fixed"), finish()]);
     let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
     let mut check = grep_check(dir.path());
     let output = Step::new("m", "Write a.rs.")
@@ -202,5 +199,7 @@ fn a_check_put_off_in_part_lets_the_step_finish_and_notes_why() {
         .run_checked(backend(&server).as_mut(), &mut sandbox, &mut PartOnly, &mut |_| {})
         .unwrap();
     assert!(output.notes.iter().any(|n| n.contains("put off") && n.contains("step 04")), "{:?}", output.notes);
-    assert!(output.transcript.events.iter().any(|e| matches!(e, Event::Check { put_off: Some(_), diagnostics: None, .. })));
+    assert!(
+        output.transcript.events.iter().any(|e| matches!(e, Event::Check { put_off: Some(_), diagnostics: None, .. }))
+    );
 }

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
+use codegen_core::__private::tools::tool_specs;
+use codegen_core::Step;
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, RetryPolicy};
 use codegen_core::chat::{Arguments, Message};
 use codegen_core::sandbox::Sandbox;
-use codegen_core::__private::tools::tool_specs;
 use codegen_core::transcript::{CallSource, Event};
-use codegen_core::Step;
 use promptgen_tests::{FakeLlm, Reply, Turn};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 fn data(name: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ollama").join(name);
@@ -28,7 +28,13 @@ fn backend(server: &FakeLlm) -> Box<dyn Backend> {
 fn ask(server: &FakeLlm) -> Result<codegen_core::backend::ChatResponse, BackendError> {
     let specs = tool_specs();
     let messages = [Message::user("Write a.rs.")];
-    backend(server).chat(&ChatRequest { model: "qwen2.5-coder:7b", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0) })
+    backend(server).chat(&ChatRequest {
+        model: "qwen2.5-coder:7b",
+        messages: &messages,
+        tools: &specs,
+        seed: Some(1),
+        temperature: Some(0.0),
+    })
 }
 
 fn object(value: Value) -> Arguments {
@@ -67,15 +73,25 @@ fn a_reply_without_metrics_has_no_usage() {
 
 #[test]
 fn qwen_and_llama_style_calls_in_content_are_run() {
-    for file in ["qwen_call_in_content.json", "qwen_call_in_fence.json", "qwen_call_in_tags.json", "llama_parameters_in_content.json"] {
+    for file in [
+        "qwen_call_in_content.json",
+        "qwen_call_in_fence.json",
+        "qwen_call_in_tags.json",
+        "llama_parameters_in_content.json",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let finish = Reply::turn(Turn::call("finish", json!({"summary": "done"})));
         let server = FakeLlm::start(vec![Reply::json(data(file)), finish]);
         let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
-        let output = Step::new("qwen2.5-coder:7b", "Write view.rs.").run(backend(&server).as_mut(), &mut sandbox).unwrap();
+        let output =
+            Step::new("qwen2.5-coder:7b", "Write view.rs.").run(backend(&server).as_mut(), &mut sandbox).unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("view.rs")).unwrap(), "pub trait View {}\n", "{file}");
         assert!(
-            output.transcript.events.iter().any(|e| matches!(e, Event::ToolRun { via: CallSource::Text, ok: true, .. })),
+            output
+                .transcript
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::ToolRun { via: CallSource::Text, ok: true, .. })),
             "{file}"
         );
     }
@@ -85,7 +101,10 @@ fn qwen_and_llama_style_calls_in_content_are_run() {
 fn error_bodies_become_errors_that_say_what_to_do() {
     let server = FakeLlm::start(vec![Reply::status(404, data("error_model_not_found.json"))]);
     let err = ask(&server).unwrap_err();
-    assert!(matches!(err, BackendError::ModelNotFound { .. }) && err.to_string().contains("ollama pull qwen2.5-coder:7b"), "{err}");
+    assert!(
+        matches!(err, BackendError::ModelNotFound { .. }) && err.to_string().contains("ollama pull qwen2.5-coder:7b"),
+        "{err}"
+    );
 
     let server = FakeLlm::start(vec![Reply::status(400, data("error_no_tool_support.json"))]);
     let err = ask(&server).unwrap_err();
@@ -93,9 +112,14 @@ fn error_bodies_become_errors_that_say_what_to_do() {
 
     let server = FakeLlm::start(vec![Reply::status(400, data("error_no_thinking.json"))]);
     let err = ask(&server).unwrap_err();
-    assert!(matches!(err, BackendError::Status { status: 400, .. }) && err.to_string().contains("does not support thinking"), "{err}");
+    assert!(
+        matches!(err, BackendError::Status { status: 400, .. })
+            && err.to_string().contains("does not support thinking"),
+        "{err}"
+    );
     assert_eq!(server.requests().len(), 1, "a 400 is not retried");
 
-    let server = FakeLlm::start(vec![Reply::status(503, data("error_queue_full.json")), Reply::json(data("no_metrics.json"))]);
+    let server =
+        FakeLlm::start(vec![Reply::status(503, data("error_queue_full.json")), Reply::json(data("no_metrics.json"))]);
     assert_eq!(ask(&server).unwrap().message.content, "All files are written.", "a full queue is retried");
 }

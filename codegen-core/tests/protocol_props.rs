@@ -1,9 +1,9 @@
 //! Properties of the text protocols: they never panic on what a model says, and what we
 //! render (or a JSON serialiser writes) reads back exactly.
 
-use codegen_core::chat::Arguments;
 use codegen_core::__private::protocol::blocks::{BlockCommand, parse_blocks, render_refusal, render_result};
 use codegen_core::__private::protocol::text::{TextCall, TextCalls, calls_in_text};
+use codegen_core::chat::Arguments;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 

@@ -49,7 +49,11 @@ fn a_toml_script_drives_a_step_and_says_it_is_a_script() {
     assert_eq!(std::fs::read_to_string(out.join("presenter.rs")).unwrap(), "pub struct Presenter;\n");
     assert_eq!(output.summary.as_deref(), Some("Wrote presenter.rs."));
     let totals = output.transcript.totals();
-    assert_eq!((totals.model_calls, totals.prompt_tokens, totals.completion_tokens), (3, 0, 0), "a script reports no tokens");
+    assert_eq!(
+        (totals.model_calls, totals.prompt_tokens, totals.completion_tokens),
+        (3, 0, 0),
+        "a script reports no tokens"
+    );
     assert!(matches!(&output.transcript.events[0], Event::Start { backend: BackendKind::Scripted, .. }));
     // The read went through the sandbox: its result is the file's real content.
     let read_result = output.transcript.messages().find(|m| m.tool_name.as_deref() == Some("read_file")).unwrap();
@@ -78,7 +82,11 @@ fn running_out_of_turns_says_where_the_step_went_off_script() {
     let mut backend = Scripted::from_file(&script).unwrap();
     let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
     let failure = Step::new("scripted", "x").run(&mut backend, &mut sandbox).unwrap_err();
-    assert!(matches!(failure.error, Error::Backend(BackendError::ScriptExhausted { turns: 1, .. })), "{:?}", failure.error);
+    assert!(
+        matches!(failure.error, Error::Backend(BackendError::ScriptExhausted { turns: 1, .. })),
+        "{:?}",
+        failure.error
+    );
     let text = failure.to_string();
     assert!(text.contains("short.toml") && text.contains("has 1 turns"), "{text}");
 }

@@ -364,7 +364,8 @@ fn the_one_call_shortcut_writes_under_the_output_root() {
 #[test]
 fn a_reply_cut_off_at_the_output_cap_with_work_left_is_answered_with_why() {
     let cut = cut_reply("Here is the file: ```rust\nfn a(");
-    let server = FakeLlm::start(vec![Reply::json(cut), Reply::turn(write("a.rs", "fn a() {}\n")), Reply::turn(finish())]);
+    let server =
+        FakeLlm::start(vec![Reply::json(cut), Reply::turn(write("a.rs", "fn a() {}\n")), Reply::turn(finish())]);
     let setup = Setup::new();
     let mut step = Step::new("m", "Write a.rs.");
     step.expect_output("a.rs");

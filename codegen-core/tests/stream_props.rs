@@ -2,8 +2,8 @@
 //! into network pieces, the decoder does not panic and comes to the same result; and a stream
 //! rendered from a reply decodes to that reply.
 
-use codegen_core::backend::Usage;
 use codegen_core::__private::stream::{AssembledCall, AssembledReply, Decoder, StreamError};
+use codegen_core::backend::Usage;
 use codegen_core::chat::Arguments;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};

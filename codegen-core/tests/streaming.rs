@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
+use codegen_core::__private::tools::tool_specs;
 use codegen_core::backend::{
     Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, HttpConfig, Progress,
     RetryPolicy,
 };
 use codegen_core::chat::{Arguments, Message};
 use codegen_core::sandbox::Sandbox;
-use codegen_core::__private::tools::tool_specs;
 use codegen_core::transcript::{Event, Volatility};
 use codegen_core::{Observer, Step, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use codegen_core::__private::tools::tool_specs;
 use codegen_core::backend::{Backend, BackendConfig, BackendKind, ChatRequest, ChatResponse, Delivery, RetryPolicy};
 use codegen_core::chat::{Arguments, Message};
-use codegen_core::__private::tools::tool_specs;
 use promptgen_tests::{FakeLlm, Reply};
 use serde_json::{Value, json};
 

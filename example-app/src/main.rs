@@ -21,7 +21,7 @@ fn main() -> std::io::Result<()> {
 mod tests {
     use std::io::Cursor;
 
-    use super::generated::presenter::{greeting_for, Presenter};
+    use super::generated::presenter::{Presenter, greeting_for};
     use super::generated::view::View;
     use super::generated::view_impl::TerminalView;
 

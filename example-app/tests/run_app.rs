@@ -4,11 +4,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 fn run_with_input(input: &str) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_example-app"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        Command::new(env!("CARGO_BIN_EXE_example-app")).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "{output:?}");

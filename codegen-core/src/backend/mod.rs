@@ -498,7 +498,9 @@ fn stalled_hint(backend: BackendKind, limit: &str) -> String {
         }
         _ => "a server that stops sending in the middle of a reply has usually stalled or crashed",
     };
-    format!("{look}: {why}. If it is only slow, raise `{limit}` (`HttpConfig`; `{limit}_secs` in `cargo promptgen`'s metadata).")
+    format!(
+        "{look}: {why}. If it is only slow, raise `{limit}` (`HttpConfig`; `{limit}_secs` in `cargo promptgen`'s metadata)."
+    )
 }
 
 fn status_hint(backend: BackendKind, status: u16) -> &'static str {

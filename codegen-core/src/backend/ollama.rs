@@ -11,7 +11,10 @@ use super::{Usage, null_as_empty};
 use crate::chat::Arguments;
 #[cfg(feature = "http")]
 use {
-    super::{Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread, Wire},
+    super::{
+        Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
+        Wire,
+    },
     crate::chat::{Message, Role, ToolSpec},
 };
 

@@ -17,7 +17,10 @@ use super::{Usage, null_as_empty};
 use crate::chat::Arguments;
 #[cfg(feature = "http")]
 use {
-    super::{Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread, Wire},
+    super::{
+        Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
+        Wire,
+    },
     crate::chat::{Message, Role, ToolSpec},
 };
 
@@ -277,7 +280,10 @@ impl<'a> WireMessage<'a> {
                     // Always valid JSON text: llama-server parses echoed arguments and answers a
                     // whole request with HTTP 500 when one does not parse (seen with a call the
                     // output cap had cut). The model learns what was wrong from the tool result.
-                    function: WireFunctionOut { name: &call.name, arguments: call.arguments.to_json_object().to_string() },
+                    function: WireFunctionOut {
+                        name: &call.name,
+                        arguments: call.arguments.to_json_object().to_string(),
+                    },
                 })
                 .collect(),
             tool_call_id: message.tool_call_id.as_deref(),

@@ -146,9 +146,10 @@ pub fn parse_blocks(content: &str) -> BlockReply {
             match command.as_ref().map(|(name, _)| name.as_str()) {
                 Some("write_end") => {
                     if let Some(block) = open.take()
-                        && let Some(path) = block.path {
-                            reply.commands.push(BlockCommand::Write { path, content: block_content(&block.lines) });
-                        }
+                        && let Some(path) = block.path
+                    {
+                        reply.commands.push(BlockCommand::Write { path, content: block_content(&block.lines) });
+                    }
                     continue;
                 }
                 Some("write_begin") => {
@@ -255,12 +256,13 @@ fn block_content(lines: &[&str]) -> String {
     let last = lines.iter().rposition(|l| !l.trim().is_empty());
     if let (Some(first), Some(last)) = (first, last)
         && first < last
-            && let Some(ticks) = fence_opener(lines[first]) {
-                let closer = lines[first + 1..].iter().position(|l| closes_fence(l, ticks)).map(|p| first + 1 + p);
-                if closer == Some(last) {
-                    body = &lines[first + 1..last];
-                }
-            }
+        && let Some(ticks) = fence_opener(lines[first])
+    {
+        let closer = lines[first + 1..].iter().position(|l| closes_fence(l, ticks)).map(|p| first + 1 + p);
+        if closer == Some(last) {
+            body = &lines[first + 1..last];
+        }
+    }
     let mut content = String::with_capacity(body.iter().map(|l| l.len() + 1).sum());
     for line in body {
         content.push_str(line);

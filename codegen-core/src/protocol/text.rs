@@ -207,20 +207,22 @@ fn scan(text: &str, from: usize, to: usize, fences: bool, out: &mut Vec<Place>) 
     let mut i = from;
     while i < to {
         let at_line_start = i == 0 || bytes[i - 1] == b'\n';
-        if fences && at_line_start
-            && let Some(fence) = fence_at(text, i, to) {
-                match fence.tag.as_str() {
-                    "" => scan(text, fence.body.0, fence.body.1, false, out),
-                    tag if JSON_FENCE_TAGS.contains(&tag) => {
-                        let body = &text[fence.body.0..fence.body.1];
-                        let values = read_values(body, 0, |_| false).map(|(values, _)| values);
-                        out.push(Place::JsonFence { values, tag: fence.tag });
-                    }
-                    _ => {} // code in another language
+        if fences
+            && at_line_start
+            && let Some(fence) = fence_at(text, i, to)
+        {
+            match fence.tag.as_str() {
+                "" => scan(text, fence.body.0, fence.body.1, false, out),
+                tag if JSON_FENCE_TAGS.contains(&tag) => {
+                    let body = &text[fence.body.0..fence.body.1];
+                    let values = read_values(body, 0, |_| false).map(|(values, _)| values);
+                    out.push(Place::JsonFence { values, tag: fence.tag });
                 }
-                i = fence.end;
-                continue;
+                _ => {} // code in another language
             }
+            i = fence.end;
+            continue;
+        }
         match bytes[i] {
             b'<' if starts_with_ignore_case(&text[i..to], OPEN_TAG) => {
                 let (values, end) = read_tag(text, i + OPEN_TAG.len(), to);

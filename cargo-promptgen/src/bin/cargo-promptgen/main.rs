@@ -312,9 +312,8 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
             Some((name, version)) => (name, Some(version)),
             None => (spec.as_str(), None),
         };
-        let found = members
-            .iter()
-            .find(|p| p.name.as_str() == name && version.is_none_or(|v| p.version.to_string() == v));
+        let found =
+            members.iter().find(|p| p.name.as_str() == name && version.is_none_or(|v| p.version.to_string() == v));
         return found.map(|p| manifest(p)).with_context(|| {
             let names: Vec<String> = members.iter().map(|p| format!("{}@{}", p.name, p.version)).collect();
             format!("no package `{spec}` in this workspace; its packages are: {}", names.join(", "))
@@ -413,9 +412,10 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let mut live = Live::new(output.verbosity());
     let cancel = interrupt::on_ctrl_c()?;
-    let result = generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, chain.jobs, &cancel, &mut |p| {
-        live.show(p)
-    });
+    let result =
+        generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, chain.jobs, &cancel, &mut |p| {
+            live.show(p)
+        });
     live.finish();
     let result = result?;
     if !result.failed.is_empty() {
@@ -683,7 +683,11 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
         println!("{}", line(row));
     }
     for row in rows.iter().filter(|r| r.retried) {
-        println!("step {} was recorded from a retry, with seed {} (seed_retries)", row.id, row.seed.unwrap_or_default());
+        println!(
+            "step {} was recorded from a retry, with seed {} (seed_retries)",
+            row.id,
+            row.seed.unwrap_or_default()
+        );
     }
     for row in rows.iter().filter(|r| !r.reasons.is_empty()) {
         println!("step {} is stale: {}", row.id, row.reasons.join("; "));
