@@ -283,8 +283,7 @@ mod tests {{
     package.write("src/main.rs", &main);
     package.write(".env", &format!("API_KEY={ENV_CANARY}\n"));
     package.write("prompts/01.md", "Write greeting.rs: greeting() returns \"hello\" as JSON.\n");
-    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
-    package.write("Cargo.lock", &lock);
+    package.write("Cargo.lock", &support::workspace_lock());
     package
 }
 

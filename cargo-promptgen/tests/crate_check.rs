@@ -20,8 +20,6 @@ use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use support::{Package, changes, finish, run, snapshot, stderr, text, write};
 
-const DEPENDENCIES: &str = "serde = { version = \"1\", features = [\"derive\"] }\nserde_json = \"1\"\n";
-
 const METADATA: &str = r#"
 [package.metadata.promptgen]
 backend = "ollama"
@@ -33,8 +31,6 @@ id = "01"
 prompt = "prompts/01.md"
 outputs = ["user_json.rs"]
 "#;
-
-const DOMAIN: &str = "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";
 
 const MAIN: &str = r##"mod domain;
 
@@ -79,16 +75,8 @@ const WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> 
 /// the generated module; `metadata` changed by `edit` first. It resolves its dependencies from
 /// the workspace's lock file, offline.
 fn package(edit: impl Fn(&str) -> String) -> Package {
-    let package = Package::with_dependencies(&edit(METADATA), "", DEPENDENCIES);
-    package.write("src/domain.rs", DOMAIN);
-    package.write("src/main.rs", MAIN);
+    let package = Package::realistic(&edit(METADATA), MAIN);
     package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
-    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
-    package.write("Cargo.lock", &lock);
-    // Prune the lock to this package, as a real crate's already is: cargo would do it during
-    // the first check otherwise.
-    let out = run(&mut package.cargo(&["metadata", "--format-version", "1", "--offline"]));
-    assert!(out.status.success(), "{}", text(&out));
     package
 }
 

@@ -58,8 +58,7 @@ fn a_git_dependency_whose_lock_is_stale_fails_the_build_naming_it_and_calls_no_m
         "src/main.rs",
         &format!("fn main() {{\n    println!(\"{{}}\", {}::greet());\n}}\n", dependency.name.replace('-', "_")),
     );
-    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
-    app.write("Cargo.lock", &lock);
+    app.write("Cargo.lock", &support::workspace_lock());
 
     // A cargo home of its own for the git checkout (under the target folder, and the same
     // each run so that what it compiled stays fresh), sharing the registry so that nothing is

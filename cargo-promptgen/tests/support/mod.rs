@@ -63,6 +63,26 @@ cargo-promptgen = {{ path = "{}", default-features = false, features = ["online"
         Package { dir, name }
     }
 
+    /// A crate as users have them: `metadata`, serde and serde_json from crates.io, the
+    /// hand-written [`DOMAIN`] as `src/domain.rs`, and `main` as `src/main.rs`; its
+    /// dependencies resolve offline (see [`Package::resolve_from_the_workspace_lock`]).
+    pub fn realistic(metadata: &str, main: &str) -> Package {
+        let package = Package::with_dependencies(metadata, "", SERDE_DEPENDENCIES);
+        package.write("src/domain.rs", DOMAIN);
+        package.write("src/main.rs", main);
+        package.resolve_from_the_workspace_lock();
+        package
+    }
+
+    /// Starts from the workspace's `Cargo.lock`, pruned to this package (as a real crate's
+    /// is) by an offline `cargo metadata`, so that its registry dependencies resolve offline
+    /// to versions the registry cache holds.
+    pub fn resolve_from_the_workspace_lock(&self) {
+        self.write("Cargo.lock", &workspace_lock());
+        let out = run(&mut self.cargo(&["metadata", "--format-version", "1", "--offline"]));
+        assert!(out.status.success(), "{}", text(&out));
+    }
+
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
@@ -92,6 +112,18 @@ cargo-promptgen = {{ path = "{}", default-features = false, features = ["online"
         clean_env(&mut command);
         command
     }
+}
+
+/// serde (with its derive) and serde_json: the crates.io dependencies of [`Package::realistic`].
+pub const SERDE_DEPENDENCIES: &str = "serde = { version = \"1\", features = [\"derive\"] }\nserde_json = \"1\"\n";
+
+/// The hand-written module of [`Package::realistic`], which generated code uses.
+pub const DOMAIN: &str =
+    "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";
+
+/// The workspace's `Cargo.lock`.
+pub fn workspace_lock() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap()
 }
 
 /// The environment a user's shell would have: none of the variables that switch promptgen
