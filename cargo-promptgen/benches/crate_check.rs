@@ -139,6 +139,7 @@ fn main() {
         layout: &layout,
         step: &step,
         scratch: krate.root.join("scratch"),
+        tree_dir: layout.check_tree_dir("01"),
         mounted: Default::default(),
         later: Later::default(),
         cancel: codegen_core::Cancel::new(),

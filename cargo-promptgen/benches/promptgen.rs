@@ -726,6 +726,7 @@ fn bytes_to_the_model() {
                     layout: &layout,
                     step,
                     scratch: work.path().join("check"),
+                    tree_dir: layout.check_tree_dir(&step.id),
                     cancel: codegen_core::Cancel::new(),
                     mounted,
                     later,

@@ -156,6 +156,9 @@ pub struct CheckSetup<'a> {
     pub step: &'a StepConfig,
     /// The step's scratch folder (the `rustc` check keeps its crate root there).
     pub scratch: PathBuf,
+    /// Where a crate check mounts the candidate tree (with `mounted` beneath it):
+    /// `Layout::check_tree_dir` of the step, or one of `eval`'s per worker.
+    pub tree_dir: PathBuf,
     /// The recorded files of the chain's other steps (neither this step nor one it runs after),
     /// mounted beneath the candidate tree.
     pub mounted: Files,
@@ -209,7 +212,7 @@ pub const CRATE_FILES_THE_MODEL_READS: [&str; 6] = ["src", "tests", "examples", 
 
 /// The check `setup.step` declares, ready to run; `None` for `check = "none"`.
 pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
-    let CheckSetup { chain, layout, step, scratch, mounted, later, cancel } = setup;
+    let CheckSetup { chain, layout, step, scratch, tree_dir, mounted, later, cancel } = setup;
     let redactor = Redactor::for_package(&chain.package_dir, chain.workspace_root.as_deref());
     match &step.check {
         CheckSpec::None => None,
@@ -234,7 +237,7 @@ pub fn check_for(setup: CheckSetup<'_>) -> Option<Box<dyn Check>> {
             package_dir: chain.package_dir.clone(),
             relative_to: chain.workspace_root.clone().unwrap_or_else(|| chain.package_dir.clone()),
             target_dir: layout.check_target_dir(),
-            tree_dir: layout.check_tree_dir(&step.id),
+            tree_dir,
             mounted,
             later,
             cancel,

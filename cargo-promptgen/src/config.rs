@@ -534,6 +534,25 @@ pub struct Chain {
     pub cache_dir: Option<PathBuf>,
     /// The cache's shared remote (`cache_url`), in either mode.
     pub cache_url: Option<CacheUrl>,
+    /// `[package.metadata.promptgen.eval]`: what `cargo promptgen eval` holds the steps to.
+    pub eval: EvalSettings,
+}
+
+/// `[package.metadata.promptgen.eval]` (and the workspace's): the pass rates `cargo promptgen
+/// eval` requires.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EvalSettings {
+    /// The pass rate (pass@1, from 0 to 1) every step × model must reach (`min_pass_rate`).
+    pub min_pass_rate: Option<f64>,
+    /// Per step, a rate that replaces `min_pass_rate` (`steps = { "02" = 0.9 }`).
+    pub steps: BTreeMap<String, f64>,
+}
+
+impl EvalSettings {
+    /// The rate step `id` must reach, if any.
+    pub fn min_pass_rate_of(&self, id: &str) -> Option<f64> {
+        self.steps.get(id).copied().or(self.min_pass_rate)
+    }
 }
 
 impl Chain {
@@ -1711,6 +1730,7 @@ pub fn load(
         store,
         cache_dir,
         cache_url,
+        eval: EvalSettings::default(),
     })
 }
 

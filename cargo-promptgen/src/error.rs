@@ -153,6 +153,14 @@ pub enum Error {
         /// The ids it has.
         known: Vec<String>,
     },
+    /// `cargo promptgen eval` cannot start, resume or replay a run.
+    #[error("cannot evaluate {package}: {problem}")]
+    Eval {
+        /// The package.
+        package: String,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
     /// A stored file does not match the lock.
     #[error("stored file `{}` does not match promptgen.lock ({detail})", path.display())]
     DamagedStore {

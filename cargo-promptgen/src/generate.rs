@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -371,7 +371,8 @@ pub fn bring_up_to_date(
                         let _ = sender.send(Message::Progress(p));
                     };
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let surroundings = Surroundings { tree: &tree, mounted, later, cancel };
+                        let check_tree = layout.check_tree_dir(&step.id);
+                        let surroundings = Surroundings { tree: &tree, mounted, later, check_tree, cancel };
                         run_step(chain, layout, step, &assessed, surroundings, &mut forward)
                     }));
                     let _ = sender.send(Message::Finished(index, Box::new(ran)));
@@ -620,6 +621,7 @@ fn check_in_full(
         layout,
         step,
         scratch: scratch.path().join("check"),
+        tree_dir: layout.check_tree_dir(&step.id),
         mounted: Files::new(),
         later: Later::default(),
         cancel: cancel.clone(),
@@ -634,12 +636,100 @@ fn check_in_full(
 }
 
 /// What a step runs among: the tree the steps before it produced, the rest of the chain for
-/// its check (`mounted`, `later`), and the flag that stops it.
-struct Surroundings<'a> {
-    tree: &'a Files,
-    mounted: Files,
-    later: Later,
-    cancel: &'a Cancel,
+/// its check (`mounted`, `later`), where its check mounts them (`check_tree`), and the flag
+/// that stops it.
+pub(crate) struct Surroundings<'a> {
+    pub tree: &'a Files,
+    pub mounted: Files,
+    pub later: Later,
+    pub check_tree: PathBuf,
+    pub cancel: &'a Cancel,
+}
+
+/// How one run of a step ended, before anything of it is recorded.
+pub(crate) struct Attempted {
+    /// What the loop returned.
+    pub outcome: Result<codegen_core::StepOutput, codegen_core::StepFailure>,
+    /// The step's files: on success those it wrote, on failure those its output root holds that
+    /// the tree it started from did not (or held otherwise).
+    pub files: Files,
+    /// The reply under way when the run was interrupted, if any.
+    pub partial: Option<PartialReply>,
+}
+
+/// One run of the loop for `step` with `seed`, in a fresh scratch copy of the tree, with the
+/// step's check. Nothing outside the scratch folders and the check's tree changes. `cargo promptgen` runs it once per seed it tries, and
+/// `eval` once per trial.
+pub(crate) fn attempt(
+    chain: &Chain,
+    layout: &Layout,
+    step: &StepConfig,
+    seed: Option<u64>,
+    backend: &mut dyn codegen_core::backend::Backend,
+    surroundings: &Surroundings<'_>,
+    progress: &RefCell<&mut dyn FnMut(Progress)>,
+) -> Result<Attempted, Error> {
+    let Surroundings { tree, mounted, later, check_tree, cancel } = surroundings;
+    let work = layout.work_dir();
+    codegen_core::__private::fs::create_dir_all(&work)?;
+    let prompt = codegen_core::__private::fs::read_to_string(&step.prompt)?;
+    let system_prompt = step.system_prompt.as_deref().map(codegen_core::__private::fs::read_to_string).transpose()?;
+    let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
+    let output_root = scratch.path().join("tree");
+    sync_dir(&output_root, tree)?;
+    let mut sandbox =
+        sandbox_for(chain, step, &output_root).build().map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
+
+    let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
+    core_step
+        .max_model_calls(step.max_model_calls)
+        .protocol(step.protocol)
+        .check_rounds(step.check_rounds)
+        .cancel_on((*cancel).clone());
+    if let Some(text) = system_prompt {
+        core_step.system_prompt(text);
+    }
+    if let Some(seed) = seed {
+        core_step.seed(seed);
+    }
+    if let Some(temperature) = step.temperature {
+        core_step.temperature(temperature);
+    }
+    for output in &step.outputs {
+        core_step.expect_output(output.clone());
+    }
+
+    let mut watch = Watch::new(&step.id, step.max_model_calls, progress);
+    let setup = CheckSetup {
+        chain,
+        layout,
+        step,
+        scratch: scratch.path().join("check"),
+        tree_dir: check_tree.clone(),
+        mounted: mounted.clone(),
+        later: later.clone(),
+        cancel: (*cancel).clone(),
+    };
+    let mut check = check_for(setup).map(|check| Announced { check, id: &step.id, progress });
+    let outcome = core_step.run_with(backend, &mut sandbox, check.as_mut().map(|c| c as &mut dyn Check), &mut watch);
+    let partial = watch.partial.take();
+    let mut files = Files::new();
+    match &outcome {
+        Ok(output) => {
+            for path in &output.written {
+                files.insert(path.clone(), codegen_core::__private::fs::read(&output_root.join(path))?);
+            }
+        }
+        Err(_) => {
+            for path in crate::store::walk_files(&output_root) {
+                let bytes = codegen_core::__private::fs::read(&output_root.join(&path))?;
+                if tree.get(&path) != Some(&bytes) {
+                    files.insert(path, bytes);
+                }
+            }
+        }
+    }
+    Ok(Attempted { outcome, files, partial })
 }
 
 /// Runs one step in a scratch copy of the tree, with the rest of the chain for its check;
@@ -654,14 +744,9 @@ fn run_step(
     surroundings: Surroundings<'_>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ran, Error> {
-    let Surroundings { tree, mounted, later, cancel } = surroundings;
-    let work = layout.work_dir();
-    codegen_core::__private::fs::create_dir_all(&work)?;
     let mut backend_config = chain.backend_config(step);
-    backend_config.cancel = cancel.clone();
+    backend_config.cancel = surroundings.cancel.clone();
     let mut backend = backend_config.open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
-    let prompt = codegen_core::__private::fs::read_to_string(&step.prompt)?;
-    let system_prompt = step.system_prompt.as_deref().map(codegen_core::__private::fs::read_to_string).transpose()?;
     let key = assessed.fingerprint.key();
     let progress = RefCell::new(progress);
 
@@ -673,46 +758,8 @@ fn run_step(
     loop {
         // The first run uses the configured seed (or none); each retry the next one.
         let seed = if run == 1 { step.seed } else { Some(step.seed.unwrap_or(0) + u64::from(run - 1)) };
-        let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
-        let output_root = scratch.path().join("tree");
-        sync_dir(&output_root, tree)?;
-        let mut sandbox = sandbox_for(chain, step, &output_root)
-            .build()
-            .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
-
-        let mut core_step = codegen_core::Step::new(step.model.clone(), prompt.clone());
-        core_step
-            .max_model_calls(step.max_model_calls)
-            .protocol(step.protocol)
-            .check_rounds(step.check_rounds)
-            .cancel_on(cancel.clone());
-        if let Some(text) = &system_prompt {
-            core_step.system_prompt(text.clone());
-        }
-        if let Some(seed) = seed {
-            core_step.seed(seed);
-        }
-        if let Some(temperature) = step.temperature {
-            core_step.temperature(temperature);
-        }
-        for output in &step.outputs {
-            core_step.expect_output(output.clone());
-        }
-
-        let mut watch = Watch::new(&step.id, step.max_model_calls, &progress);
-        let setup = CheckSetup {
-            chain,
-            layout,
-            step,
-            scratch: scratch.path().join("check"),
-            mounted: mounted.clone(),
-            later: later.clone(),
-            cancel: cancel.clone(),
-        };
-        let mut check = check_for(setup).map(|check| Announced { check, id: &step.id, progress: &progress });
-        let outcome =
-            core_step.run_with(backend.as_mut(), &mut sandbox, check.as_mut().map(|c| c as &mut dyn Check), &mut watch);
-        let partial = watch.partial.take();
+        let Attempted { outcome, files, partial } =
+            attempt(chain, layout, step, seed, backend.as_mut(), &surroundings, &progress)?;
         let output = match outcome {
             Ok(output) => output,
             Err(failure) => {
@@ -772,11 +819,6 @@ fn run_step(
         transcripts.push_str(&output.transcript.to_jsonl(Volatility::Omit));
         timed.push_str(&output.transcript.to_jsonl(Volatility::Keep));
 
-        let mut files = Files::new();
-        for path in &output.written {
-            let bytes = codegen_core::__private::fs::read(&output_root.join(path))?;
-            files.insert(path.clone(), bytes);
-        }
         let put_off = output.transcript.events.iter().rev().find_map(|e| match e {
             Event::Check { asked_by_model: false, put_off, .. } => Some(put_off.is_some()),
             _ => None,
@@ -814,7 +856,7 @@ fn run_step(
 
 /// The running step's events and streaming replies, turned into [`Progress`]; and the reply
 /// under way, kept in case the step is interrupted.
-struct Watch<'a, 'p> {
+pub(crate) struct Watch<'a, 'p> {
     id: &'a str,
     max_model_calls: u32,
     started: Instant,

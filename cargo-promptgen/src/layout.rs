@@ -120,6 +120,12 @@ impl Layout {
         self.target_area.join("check").join(&self.package_name).join(id)
     }
 
+    /// Where `cargo promptgen eval` keeps its runs (of every package: their names begin with
+    /// the package's).
+    pub fn eval_dir(&self) -> PathBuf {
+        self.target_area.join("eval")
+    }
+
     /// Where running steps keep their scratch trees.
     pub fn work_dir(&self) -> PathBuf {
         self.target_area.join("work").join(&self.package_name)

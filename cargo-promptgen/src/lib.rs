@@ -113,6 +113,8 @@ mod confine;
 mod diagnostics;
 mod error;
 #[cfg(feature = "online")]
+mod eval;
+#[cfg(feature = "online")]
 mod generate;
 mod graph;
 mod layout;
@@ -161,6 +163,10 @@ pub mod __private {
     }
     pub mod error {
         pub use crate::error::*;
+    }
+    #[cfg(feature = "online")]
+    pub mod eval {
+        pub use crate::eval::*;
     }
     #[cfg(feature = "online")]
     pub mod generate {

@@ -9,6 +9,11 @@ use codegen_core::Cancel;
 
 /// Installs the handler; the flag it sets.
 pub fn on_ctrl_c() -> anyhow::Result<Cancel> {
+    on_ctrl_c_for("step")
+}
+
+/// Installs the handler for a run of `what` (`step`, `trials`); the flag it sets.
+pub fn on_ctrl_c_for(what: &'static str) -> anyhow::Result<Cancel> {
     let cancel = Cancel::new();
     let flag = cancel.clone();
     ctrlc::set_handler(move || {
@@ -16,7 +21,7 @@ pub fn on_ctrl_c() -> anyhow::Result<Cancel> {
             eprintln!("\ninterrupted again: exiting at once");
             std::process::exit(130);
         }
-        eprintln!("\ninterrupted: stopping the running step (Ctrl-C again exits at once)");
+        eprintln!("\ninterrupted: stopping the running {what} (Ctrl-C again exits at once)");
         flag.cancel();
     })
     .context("could not install the Ctrl-C handler")?;

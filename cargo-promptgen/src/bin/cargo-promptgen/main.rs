@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 failure or stale steps, 2 usage error, 130 interrupted (Ctrl-C).
 
+mod eval;
 mod highlight;
 mod history;
 mod html;
@@ -108,6 +109,10 @@ enum Command {
     /// The chain as a Mermaid flowchart (or Graphviz with --format dot): each step with its
     /// state and outputs.
     Graph(graph::GraphArgs),
+    /// How reliable each step is, per model: trials over seeds in throwaway copies, with the
+    /// step's check and tests; a table, records under target/promptgen/eval/, and exit 1
+    /// when a step falls below its min_pass_rate. Never touches the lock or the store.
+    Eval(Box<eval::EvalArgs>),
     /// Record the results that builds left in the pending area, without calling a model.
     Accept(Selection),
     /// Unified diff from the recorded outputs to the pending ones.
@@ -254,6 +259,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Some(Command::Status(packages)) => status(&packages.selection),
         Some(Command::Graph(args)) => graph::graph(&args),
+        Some(Command::Eval(args)) => eval::eval(&args, output),
         Some(Command::Accept(selection)) => accept(&selection),
         Some(Command::Diff { selection, step }) => diff(&selection, step.as_deref()),
         Some(Command::Log(args)) => show_log(&args, output),

@@ -1,0 +1,428 @@
+//! `cargo promptgen eval`: runs trials (see the library's `eval` module), prints the table in
+//! the format asked for, and exits 1 when a step × model falls below its threshold.
+
+use std::fmt::Write as _;
+use std::num::NonZeroU32;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cargo_promptgen::__private::config::Overrides;
+use cargo_promptgen::__private::eval::record::TrialRecord;
+use cargo_promptgen::__private::eval::score::Row;
+use cargo_promptgen::__private::eval::{self, Outcome, Pace, Report, Spec};
+use clap::{Args, ValueEnum};
+
+use crate::live::Verbosity;
+use crate::{Output, Package, Selection, interrupt, open};
+
+/// `eval`.
+#[derive(Args, Debug, Clone)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    selection: Selection,
+    /// Evaluate only this step (repeatable; default: every step).
+    #[arg(long = "step", value_name = "ID")]
+    steps: Vec<String>,
+    /// Evaluate with this model (repeatable, to compare models side by side; default: the
+    /// configured one).
+    #[arg(long = "model", value_name = "NAME")]
+    models: Vec<String>,
+    /// Trials per step and model: seeds seed, seed+1, ... from the step's seed (0 if none).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    seeds: u32,
+    /// Run the whole chain fresh in each trial, instead of each step on the recorded output
+    /// of the steps it runs after.
+    #[arg(long, conflicts_with = "steps")]
+    chain: bool,
+    /// Sample at this temperature instead of the configured one.
+    #[arg(long, value_name = "T")]
+    temperature: Option<f64>,
+    /// Run up to N trials at once (beats PROMPTGEN_JOBS and `jobs`; default 1).
+    #[arg(short = 'j', long, value_name = "N")]
+    jobs: Option<NonZeroU32>,
+    /// Model requests in flight at once (default: 1 for Ollama and for a server on this
+    /// machine, else --jobs).
+    #[arg(long, value_name = "N")]
+    requests: Option<NonZeroU32>,
+    /// k of pass^k, the chance that k trials all pass.
+    #[arg(long, value_name = "K", default_value_t = 3)]
+    k: usize,
+    /// The pass rate every step × model must reach (beats `[package.metadata.promptgen.eval]`).
+    #[arg(long, value_name = "RATE")]
+    min_pass_rate: Option<f64>,
+    /// How to print the results.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Resume an interrupted run (default: the package's latest): its finished trials are kept.
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["replay", "steps", "models", "chain"])]
+    resume: Option<String>,
+    /// Judge the trials of RUN again with today's checks and tests, calling no model.
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["steps", "models", "chain"])]
+    replay: Option<String>,
+    /// Backend for this run (beats PROMPTGEN_BACKEND and the metadata).
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+    /// Server URL for this run (beats PROMPTGEN_BASE_URL and the metadata).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+}
+
+/// `--format`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A table for a terminal.
+    Table,
+    /// Markdown, e.g. for a pull-request comment.
+    Md,
+    /// `summary.json`'s content.
+    Json,
+    /// JUnit XML: a test suite per step × model, a test case per trial.
+    Junit,
+}
+
+pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
+    if let Some(rate) = args.min_pass_rate
+        && !(0.0..=1.0).contains(&rate)
+    {
+        anyhow::bail!("--min-pass-rate {rate} is not a rate: give a number from 0 to 1, e.g. 0.8");
+    }
+    let overrides = Overrides {
+        backend: args.backend.clone(),
+        base_url: args.base_url.clone(),
+        jobs: args.jobs,
+        ..Overrides::default()
+    };
+    let Package { chain, layout } = open(&args.selection, &overrides)?;
+    let quiet = output.verbosity() == Verbosity::Quiet;
+    let pace = Pace {
+        jobs: chain.jobs,
+        requests: args.requests.map(|n| n.get() as usize),
+        cancel: interrupt::on_ctrl_c_for("trials")?,
+    };
+    let started = Instant::now();
+    let mut show = |report: Report| {
+        if quiet {
+            return;
+        }
+        match report {
+            Report::Began { run, dir, trials, done } => {
+                let resumed = if done > 0 { format!(", {done} done before") } else { String::new() };
+                eprintln!("Evaluating {}: {trials} trials{resumed}; run `{run}` in {}", chain.package_name, dir.display());
+            }
+            Report::Finished(trial) => eprintln!("  {}", describe_trial(&trial)),
+        }
+    };
+    let outcome = match (&args.replay, &args.resume) {
+        (Some(run), _) => eval::replay(&chain, &layout, run, &pace, &mut show)?,
+        (None, Some(run)) => {
+            eval::resume(&chain, &layout, Some(run.as_str()).filter(|r| !r.is_empty()), &pace, &mut show)?
+        }
+        (None, None) => {
+            let spec = Spec {
+                steps: args.steps.clone(),
+                models: args.models.clone(),
+                seeds: args.seeds,
+                chain: args.chain,
+                temperature: args.temperature,
+            };
+            eval::start(&chain, &layout, &spec, &pace, &mut show)?
+        }
+    };
+    let thresholds = &chain.eval;
+    let min_pass_rate = |step: &str| args.min_pass_rate.or_else(|| thresholds.min_pass_rate_of(step));
+    let rows = outcome.rows(args.k, &min_pass_rate);
+    outcome.run.write_summary(&outcome.summary(&rows))?;
+    let text = match args.format {
+        Format::Table => table(&rows),
+        Format::Md => markdown(&outcome, &rows),
+        Format::Json => format!("{:#}\n", outcome.summary(&rows)),
+        Format::Junit => junit(&outcome, &rows),
+    };
+    print!("{text}");
+    let (calls, tokens) = outcome.spent();
+    let replayed = outcome.plan.replay_of.as_ref().map(|r| format!(" (judged again from run `{r}`: no model was called)"));
+    if !quiet {
+        for warning in &outcome.warnings {
+            eprintln!("warning: {warning}");
+        }
+        eprintln!(
+            "{} trials in {:.1}s: {calls} model calls, {tokens} tokens{}. Records: {}",
+            outcome.trials.len(),
+            started.elapsed().as_secs_f64(),
+            replayed.unwrap_or_default(),
+            outcome.run.dir.display()
+        );
+    }
+    if outcome.left > 0 {
+        eprintln!(
+            "interrupted: {} trials were not run; `cargo promptgen eval --resume {} -p {}` runs them",
+            outcome.left, outcome.run.name, chain.package_name
+        );
+        return Ok(ExitCode::from(130));
+    }
+    let below: Vec<&Row> = rows.iter().filter(|r| !r.meets_threshold()).collect();
+    for row in &below {
+        eprintln!(
+            "error: step {} with model `{}` passed {} of {} trials ({}), below its min_pass_rate of {}",
+            row.step,
+            row.model,
+            row.passed,
+            row.trials,
+            percent(row.pass_at_1),
+            percent(row.min_pass_rate.unwrap_or_default())
+        );
+    }
+    Ok(if below.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn percent(rate: f64) -> String {
+    format!("{:.0}%", rate * 100.0)
+}
+
+fn describe_trial(trial: &TrialRecord) -> String {
+    if trial.skipped {
+        return format!("{} · {} · seed {}: skipped (a step it runs after failed)", trial.step, trial.model, trial.seed);
+    }
+    let verdict = if trial.passed { "passed".to_string() } else { format!("failed: {}", trial.classes.join(", ")) };
+    format!(
+        "{} · {} · seed {}: {verdict} ({} calls, {} tokens, {:.1}s)",
+        trial.step,
+        trial.model,
+        trial.seed,
+        trial.model_calls,
+        trial.prompt_tokens + trial.completion_tokens,
+        trial.wall_ms as f64 / 1000.0
+    )
+}
+
+const HEADER: [&str; 12] =
+    ["step", "model", "trials", "check", "tests", "pass@1", "95% CI", "pass^k", "distinct", "calls", "tokens", "wall p50/p95"];
+
+fn cells(row: &Row) -> [String; 12] {
+    let of = |n: usize| format!("{n}/{}", row.trials);
+    [
+        row.step.clone(),
+        row.model.clone(),
+        if row.skipped > 0 { format!("{} (+{} skipped)", row.trials, row.skipped) } else { row.trials.to_string() },
+        of(row.passed_check),
+        row.passed_tests.map_or_else(|| "-".into(), of),
+        percent(row.pass_at_1),
+        format!("{}–{}", percent(row.interval.0), percent(row.interval.1)),
+        row.pass_hat_k.map_or_else(|| format!("- (k={})", row.k), |p| format!("{p:.2} (k={})", row.k)),
+        row.distinct_outputs.to_string(),
+        row.median_calls.to_string(),
+        row.median_tokens.to_string(),
+        format!("{:.1}s/{:.1}s", row.wall_ms_p50 as f64 / 1000.0, row.wall_ms_p95 as f64 / 1000.0),
+    ]
+}
+
+fn threshold_note(row: &Row) -> Option<String> {
+    let min = row.min_pass_rate?;
+    let verdict = if row.meets_threshold() { "meets" } else { "BELOW" };
+    Some(format!("{} · {}: pass@1 {} {verdict} min_pass_rate {}", row.step, row.model, percent(row.pass_at_1), percent(min)))
+}
+
+fn failures_of(row: &Row) -> Option<String> {
+    if row.failures.is_empty() {
+        return None;
+    }
+    let top: Vec<String> = row.failures.iter().take(5).map(|(class, n)| format!("{class} ({n})")).collect();
+    let more = row.failures.len().saturating_sub(5);
+    let more = if more > 0 { format!(", and {more} more") } else { String::new() };
+    Some(format!("{} · {}: {}{more}", row.step, row.model, top.join(", ")))
+}
+
+fn table(rows: &[Row]) -> String {
+    let cells: Vec<[String; 12]> = rows.iter().map(cells).collect();
+    let mut widths = HEADER.map(|h| h.chars().count());
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |row: &[String]| {
+        let padded: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w.saturating_sub(c.chars().count()))))
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", line(&HEADER.map(String::from)));
+    for row in &cells {
+        let _ = writeln!(out, "{}", line(row));
+    }
+    let failures: Vec<String> = rows.iter().filter_map(failures_of).collect();
+    if !failures.is_empty() {
+        let _ = writeln!(out, "\nMost common failures (trials):");
+        for failure in failures {
+            let _ = writeln!(out, "  {failure}");
+        }
+    }
+    let notes: Vec<String> = rows.iter().filter_map(threshold_note).collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\nThresholds:");
+        for note in notes {
+            let _ = writeln!(out, "  {note}");
+        }
+    }
+    out
+}
+
+fn markdown(outcome: &Outcome, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let plan = &outcome.plan;
+    let what = if plan.chain { "whole chain per trial" } else { "each step on the recorded output of the steps before it" };
+    let _ = writeln!(
+        out,
+        "### promptgen eval: `{}`\n\n{} seeds per step and model, {what}; run `{}`.\n",
+        plan.package, plan.seeds, outcome.run.name
+    );
+    let _ = writeln!(out, "| {} |", HEADER.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(HEADER.len()));
+    for row in rows {
+        let mut cells = cells(row);
+        if !row.meets_threshold() {
+            cells[5] = format!("**{}** ❌", cells[5]);
+        }
+        let cells: Vec<String> = cells.iter().map(|c| c.replace('|', "\\|")).collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let failures: Vec<String> = rows.iter().filter_map(failures_of).collect();
+    if !failures.is_empty() {
+        let _ = writeln!(out, "\n**Most common failures** (trials):\n");
+        for failure in failures {
+            let _ = writeln!(out, "- {}", failure.replace('|', "\\|"));
+        }
+    }
+    let notes: Vec<String> = rows.iter().filter_map(threshold_note).collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\n**Thresholds**\n");
+        for note in notes {
+            let _ = writeln!(out, "- {note}");
+        }
+    }
+    for warning in &outcome.warnings {
+        let _ = writeln!(out, "\n> ⚠️ {warning}");
+    }
+    let (calls, tokens) = outcome.spent();
+    let _ = writeln!(out, "\nSpent: {calls} model calls, {tokens} tokens.");
+    out
+}
+
+fn xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            // XML 1.0 has no place for other control characters.
+            c if c.is_control() && !matches!(c, '\n' | '\t' | '\r') => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn junit(outcome: &Outcome, rows: &[Row]) -> String {
+    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let total: usize = rows.iter().map(|r| r.trials).sum();
+    let failed: usize = rows.iter().map(|r| r.trials - r.passed).sum();
+    let _ = writeln!(
+        out,
+        "<testsuites name=\"promptgen eval {}\" tests=\"{total}\" failures=\"{failed}\">",
+        xml(&outcome.plan.package)
+    );
+    for row in rows.iter().filter(|r| r.step != "chain") {
+        let trials: Vec<&TrialRecord> =
+            outcome.trials.iter().filter(|t| t.step == row.step && t.model == row.model && !t.skipped).collect();
+        let threshold_case = usize::from(row.min_pass_rate.is_some());
+        let threshold_failed = usize::from(!row.meets_threshold());
+        let _ = writeln!(
+            out,
+            "  <testsuite name=\"step {} · {}\" tests=\"{}\" failures=\"{}\">",
+            xml(&row.step),
+            xml(&row.model),
+            trials.len() + threshold_case,
+            row.trials - row.passed + threshold_failed
+        );
+        for trial in trials {
+            let _ = write!(
+                out,
+                "    <testcase classname=\"step {}.{}\" name=\"seed {}\" time=\"{:.3}\"",
+                xml(&row.step),
+                xml(&row.model),
+                trial.seed,
+                trial.wall_ms as f64 / 1000.0
+            );
+            if trial.passed {
+                let _ = writeln!(out, "/>");
+                continue;
+            }
+            let detail = trial.error.clone().unwrap_or_else(|| trial.classes.join("\n"));
+            let _ = writeln!(
+                out,
+                ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
+                xml(&trial.classes.join(", ")),
+                xml(&detail)
+            );
+        }
+        if let Some(min) = row.min_pass_rate {
+            let _ = write!(out, "    <testcase classname=\"step {}.{}\" name=\"min_pass_rate\"", xml(&row.step), xml(&row.model));
+            if row.meets_threshold() {
+                let _ = writeln!(out, "/>");
+            } else {
+                let _ = writeln!(
+                    out,
+                    ">\n      <failure message=\"pass@1 {} is below min_pass_rate {}\"/>\n    </testcase>",
+                    percent(row.pass_at_1),
+                    percent(min)
+                );
+            }
+        }
+        let _ = writeln!(out, "  </testsuite>");
+    }
+    let _ = writeln!(out, "</testsuites>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cargo_promptgen::__private::eval::score::Verdict;
+
+    #[test]
+    fn xml_escapes_markup_and_drops_control_characters() {
+        assert_eq!(xml("a<b & \"c\"\u{1b}[0m"), "a&lt;b &amp; &quot;c&quot;[0m");
+    }
+
+    #[test]
+    fn a_verdict_is_shown_per_trial() {
+        let trial = TrialRecord {
+            trial: "01.m0.s7".into(),
+            step: "01".into(),
+            model: "m".into(),
+            seed: 7,
+            temperature: None,
+            passed: false,
+            skipped: false,
+            check: Verdict::Failed,
+            tests: None,
+            classes: vec!["compiler error E0308".into()],
+            error: None,
+            finish_asked: true,
+            model_calls: 3,
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            wall_ms: 1500,
+            transcript: None,
+            output_hash: None,
+            files: Vec::new(),
+        };
+        assert_eq!(describe_trial(&trial), "01 · m · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s)");
+    }
+}

@@ -1,0 +1,286 @@
+//! What an evaluation keeps, under `<target>/promptgen/eval/<run>/`:
+//!
+//! - `run.json`: what was asked ([`RunPlan`]), written before the first trial;
+//! - `trials.jsonl`: one [`TrialRecord`] per finished trial, appended as each finishes, so an
+//!   interrupted run resumes where it stopped (a torn last line is ignored);
+//! - `transcripts/<trial>.jsonl`: each trial's transcript with its timings, which `cargo
+//!   promptgen log --eval <run>` shows;
+//! - `trees/<trial>/`: the tree each trial's check judged, its dependencies' files and its
+//!   own, which `--replay` checks again;
+//! - `summary.json`: the rows, written when the run ends.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::score::Verdict;
+use crate::error::Error;
+use crate::layout::Layout;
+use crate::lock::LockedFile;
+
+/// What an evaluation run was asked to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunPlan {
+    /// The package.
+    pub package: String,
+    /// `--chain`: each trial runs the whole chain fresh.
+    pub chain: bool,
+    /// The steps evaluated, in the chain's order.
+    pub steps: Vec<String>,
+    /// The models, in the order given.
+    pub models: Vec<String>,
+    /// Trials per step × model: seeds `seed .. seed + seeds`.
+    pub seeds: u32,
+    /// `--temperature`, when it replaced the configured one.
+    pub temperature: Option<f64>,
+    /// Each evaluated step's key when the run began, so that a resumed run does not mix
+    /// trials of two versions of a prompt.
+    pub keys: Vec<(String, String)>,
+    /// The run these trials were judged again from (`--replay`).
+    pub replay_of: Option<String>,
+    /// Seconds since the Unix epoch when the run began.
+    pub started_at: u64,
+}
+
+/// One finished trial: a step × model × seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialRecord {
+    /// Its name within the run: `<step>.m<model index>.s<seed>` (with `--chain`,
+    /// `chain<n>.m<model index>.<step>`), used for its files.
+    pub trial: String,
+    /// The step.
+    pub step: String,
+    /// The model.
+    pub model: String,
+    /// The seed sent (none when the step configures none and it is the first trial... never:
+    /// eval always sends one).
+    pub seed: u64,
+    /// The temperature sent, if any.
+    pub temperature: Option<f64>,
+    /// Whether it passed: the step finished with its check (tests included) passing.
+    pub passed: bool,
+    /// With `--chain`: it did not run because a step it runs after failed in this chain trial.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
+    /// The check (for `cargo test`: that the crate compiles).
+    pub check: Verdict,
+    /// The crate's tests, when the check runs them.
+    pub tests: Option<Verdict>,
+    /// Why it failed (see `score::classify`).
+    pub classes: Vec<String>,
+    /// The error, as `cargo promptgen` would report it.
+    pub error: Option<String>,
+    /// Whether the model asked to finish at least once (so that a check judged its files).
+    pub finish_asked: bool,
+    /// Model calls made.
+    pub model_calls: u32,
+    /// Prompt tokens, as the server counted them.
+    pub prompt_tokens: u64,
+    /// Completion tokens, as the server counted them.
+    pub completion_tokens: u64,
+    /// Wall time of the trial, check included.
+    pub wall_ms: u64,
+    /// The transcript, relative to the run folder.
+    pub transcript: Option<String>,
+    /// The hash of the trial's own files (paths and contents), if it wrote any.
+    pub output_hash: Option<String>,
+    /// Its own files.
+    pub files: Vec<LockedFile>,
+}
+
+/// One evaluation run's folder.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    /// The package evaluated.
+    pub package: String,
+    /// Its name (`<package>-<UTC date>-<time>`).
+    pub name: String,
+    /// The folder.
+    pub dir: PathBuf,
+}
+
+impl RunDir {
+    /// A new run folder for `package`, named after the time (UTC) it began.
+    pub fn create(layout: &Layout, package: &str, now: u64) -> Result<RunDir, Error> {
+        let base = format!("{package}-{}", utc_stamp(now));
+        let runs = layout.eval_dir();
+        codegen_core::__private::fs::create_dir_all(&runs)?;
+        for n in 1u32.. {
+            let name = if n == 1 { base.clone() } else { format!("{base}-{n}") };
+            let dir = runs.join(&name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(RunDir { package: package.to_string(), name, dir }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(codegen_core::FsError::new("create folder", &dir, source).into()),
+            }
+        }
+        unreachable!("some name is free")
+    }
+
+    /// The run `name` of `layout`'s target folder, or (`None`) the latest run of `package`.
+    pub fn open(layout: &Layout, package: &str, name: Option<&str>) -> Result<RunDir, Error> {
+        let runs = layout.eval_dir();
+        let name = match name {
+            Some(name) => name.to_string(),
+            None => latest(&runs, package).ok_or_else(|| Error::Eval {
+                package: package.to_string(),
+                problem: format!("there is no evaluation run of {package} under `{}` to resume", runs.display()),
+            })?,
+        };
+        let dir = runs.join(&name);
+        if !dir.join("run.json").is_file() {
+            let known = list(&runs, package);
+            return Err(Error::Eval {
+                package: package.to_string(),
+                problem: format!(
+                    "there is no evaluation run `{name}` under `{}`{}",
+                    runs.display(),
+                    if known.is_empty() { String::new() } else { format!("; its runs are: {}", known.join(", ")) }
+                ),
+            });
+        }
+        Ok(RunDir { package: package.to_string(), name, dir })
+    }
+
+    /// `run.json`.
+    pub fn read_plan(&self) -> Result<RunPlan, Error> {
+        let path = self.dir.join("run.json");
+        let text = codegen_core::__private::fs::read_to_string(&path)?;
+        serde_json::from_str(&text).map_err(|e| self.damaged(&path, e))
+    }
+
+    /// Writes `run.json`.
+    pub fn write_plan(&self, plan: &RunPlan) -> Result<(), Error> {
+        let text = serde_json::to_string_pretty(plan).expect("a plan serializes");
+        Ok(codegen_core::__private::fs::write_atomic(&self.dir.join("run.json"), text.as_bytes())?)
+    }
+
+    /// The finished trials, in the order they finished. A last line cut short (the run was
+    /// killed while writing it) is dropped: that trial runs again.
+    pub fn read_trials(&self) -> Result<Vec<TrialRecord>, Error> {
+        let path = self.dir.join("trials.jsonl");
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let text = codegen_core::__private::fs::read_to_string(&path)?;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let mut trials = Vec::new();
+        for (n, line) in lines.iter().enumerate() {
+            match serde_json::from_str(line) {
+                Ok(trial) => trials.push(trial),
+                Err(_) if n + 1 == lines.len() && !text.ends_with('\n') => break,
+                Err(e) => return Err(self.damaged(&path, e)),
+            }
+        }
+        Ok(trials)
+    }
+
+    /// Appends one trial to `trials.jsonl`, whole, and flushes it to the disk.
+    pub fn append_trial(&self, trial: &TrialRecord) -> Result<(), Error> {
+        let path = self.dir.join("trials.jsonl");
+        let line = format!("{}\n", serde_json::to_string(trial).expect("a trial serializes"));
+        let append = || -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            file.write_all(line.as_bytes())?;
+            file.sync_data()
+        };
+        append().map_err(|source| codegen_core::FsError::new("append to", &path, source).into())
+    }
+
+    /// Writes a trial's transcript; its path relative to the run folder.
+    pub fn write_transcript(&self, trial: &str, jsonl: &str) -> Result<String, Error> {
+        let relative = format!("transcripts/{trial}.jsonl");
+        codegen_core::__private::fs::write_atomic(&self.dir.join(&relative), jsonl.as_bytes())?;
+        Ok(relative)
+    }
+
+    /// The folder that keeps the tree a trial's check judged.
+    pub fn tree_dir(&self, trial: &str) -> PathBuf {
+        self.dir.join("trees").join(trial)
+    }
+
+    /// Writes `summary.json`.
+    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<(), Error> {
+        let text = serde_json::to_string_pretty(summary).expect("a summary serializes");
+        Ok(codegen_core::__private::fs::write_atomic(&self.dir.join("summary.json"), text.as_bytes())?)
+    }
+
+    fn damaged(&self, path: &Path, error: serde_json::Error) -> Error {
+        Error::Eval {
+            package: self.package.clone(),
+            problem: format!(
+                "`{}` is damaged ({error}); delete the run folder `{}` and start a new run",
+                path.display(),
+                self.dir.display()
+            ),
+        }
+    }
+}
+
+/// The runs of `package` under `runs`, oldest first (names sort by time).
+fn list(runs: &Path, package: &str) -> Vec<String> {
+    let prefix = format!("{package}-");
+    let mut names: Vec<String> = std::fs::read_dir(runs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| {
+            name.strip_prefix(&prefix).is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+                && runs.join(name).join("run.json").is_file()
+        })
+        .collect();
+    names.sort_by_key(|name| sortable(name));
+    names
+}
+
+/// `name` with a missing `-<n>` suffix read as 1, so that `x-2` sorts after `x`.
+fn sortable(name: &str) -> (String, u32) {
+    let parts: Vec<&str> = name.rsplitn(2, '-').collect();
+    match parts.as_slice() {
+        [n, base] if n.len() < 4 && n.parse::<u32>().is_ok() => (base.to_string(), n.parse().unwrap_or(1)),
+        _ => (name.to_string(), 1),
+    }
+}
+
+fn latest(runs: &Path, package: &str) -> Option<String> {
+    list(runs, package).pop()
+}
+
+/// `20261201-105043` for a time in seconds since the Unix epoch, in UTC.
+pub fn utc_stamp(seconds: u64) -> String {
+    let days = (seconds / 86_400) as i64;
+    let rest = seconds % 86_400;
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_are_utc_dates() {
+        assert_eq!(utc_stamp(0), "19700101-000000");
+        // 2026-12-01 10:50:43 UTC.
+        assert_eq!(utc_stamp(1_796_122_243), "20261201-105043");
+        assert_eq!(utc_stamp(951_825_600), "20000229-120000");
+    }
+
+    #[test]
+    fn numbered_runs_sort_after_their_base() {
+        let mut names = vec!["app-20261201-105043-2", "app-20261201-105043", "app-20261130-090000"];
+        names.sort_by_key(|n| sortable(n));
+        assert_eq!(names, ["app-20261130-090000", "app-20261201-105043", "app-20261201-105043-2"]);
+    }
+}

@@ -1,0 +1,363 @@
+//! Scoring trials: what each trial's end says (check, tests, failure classes), and the
+//! statistics of a row of trials (pass@1 with its Wilson interval, pass^k, medians and
+//! percentiles). Pure functions: nothing here runs anything.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use codegen_core::backend::BackendError;
+use codegen_core::transcript::{Event, Transcript};
+use serde::{Deserialize, Serialize};
+
+use super::record::TrialRecord;
+
+/// How a trial did against one part of its check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// It ran and passed.
+    Passed,
+    /// It ran and failed.
+    Failed,
+    /// It never ran: the model never got that far, or (tests) the code did not compile.
+    NotRun,
+}
+
+/// What a trial's end says, as the row statistics need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scored {
+    /// The crate (or other) check: for `cargo test`, that every target compiles.
+    pub check: Verdict,
+    /// The crate's tests, for steps whose check is `cargo test`; `None` for other checks.
+    pub tests: Option<Verdict>,
+    /// Why it failed, one entry per kind of reason (see [`classify`]); empty when it passed.
+    pub classes: Vec<String>,
+}
+
+/// The first line of the diagnostics a crate check gives when only tests failed.
+fn failed_tests_in(diagnostics: &str) -> Option<Vec<String>> {
+    let first = diagnostics.lines().next()?;
+    let count = first.strip_suffix(" tests failed:").or_else(|| first.strip_suffix(" test failed:"))?;
+    count.parse::<usize>().ok()?;
+    Some(
+        diagnostics
+            .lines()
+            .filter_map(|line| line.strip_prefix("test `")?.strip_suffix("`:"))
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// The failure classes that a check's diagnostics show: each compiler error code, each
+/// failing test by name, else `check failed`.
+pub fn diagnostic_classes(diagnostics: &str) -> Vec<String> {
+    if let Some(tests) = failed_tests_in(diagnostics) {
+        let classes: Vec<String> = tests.into_iter().map(|name| format!("failing test `{name}`")).collect();
+        return if classes.is_empty() { vec!["failing tests".into()] } else { classes };
+    }
+    let mut codes = BTreeSet::new();
+    for line in diagnostics.lines() {
+        if let Some(rest) = line.strip_prefix("error[")
+            && let Some((code, _)) = rest.split_once(']')
+        {
+            codes.insert(format!("compiler error {code}"));
+        } else if line.starts_with("error: ") && !line.contains("withheld") {
+            codes.insert("compiler error (no code)".into());
+        }
+    }
+    if codes.is_empty() { vec!["check failed".into()] } else { codes.into_iter().collect() }
+}
+
+/// The check and tests verdicts that diagnostics of a failed check imply.
+fn verdicts_of_failure(diagnostics: &str, with_tests: bool) -> (Verdict, Option<Verdict>) {
+    match (with_tests, failed_tests_in(diagnostics).is_some()) {
+        (true, true) => (Verdict::Passed, Some(Verdict::Failed)),
+        (true, false) => (Verdict::Failed, Some(Verdict::NotRun)),
+        (false, _) => (Verdict::Failed, None),
+    }
+}
+
+/// A trial whose loop ended with the step done: its check passed (in part when put off, in
+/// which case tests did not run).
+pub fn passed(transcript: &Transcript, with_tests: bool) -> Scored {
+    let put_off = transcript.events.iter().rev().find_map(|e| match e {
+        Event::Check { asked_by_model: false, put_off, .. } => Some(put_off.is_some()),
+        _ => None,
+    });
+    let tests = with_tests.then_some(if put_off == Some(true) { Verdict::NotRun } else { Verdict::Passed });
+    let classes = if tests == Some(Verdict::NotRun) { vec!["tests put off".to_string()] } else { Vec::new() };
+    Scored { check: Verdict::Passed, tests, classes }
+}
+
+/// What a check's own outcome says, when a trial is judged again on its files (`--replay`).
+pub fn rechecked(diagnostics: Option<&str>, put_off: bool, with_tests: bool) -> Scored {
+    match diagnostics {
+        None => {
+            let tests = with_tests.then_some(if put_off { Verdict::NotRun } else { Verdict::Passed });
+            let classes = if put_off && with_tests { vec!["tests put off".to_string()] } else { Vec::new() };
+            Scored { check: Verdict::Passed, tests, classes }
+        }
+        Some(diagnostics) => {
+            let (check, tests) = verdicts_of_failure(diagnostics, with_tests);
+            Scored { check, tests, classes: diagnostic_classes(diagnostics) }
+        }
+    }
+}
+
+/// A trial whose loop failed: its classes, and how far its files got.
+///
+/// - The server: `timeout` (no reply, or a stalled one, within the limits), `context
+///   overflow`, else `server error`.
+/// - The check never passed: the compiler error codes and failing tests of its last run.
+/// - The budget ran out without a failed check: `broken tool calls` when at least half of the
+///   model calls were answered with a repair about the call itself (bad JSON, an unknown tool,
+///   a refused path), `no finish` when the model last replied without calling a tool, else
+///   `budget spent`.
+pub fn classify(error: &codegen_core::Error, transcript: &Transcript, with_tests: bool) -> Scored {
+    let last_check = transcript.events.iter().rev().find_map(|e| match e {
+        Event::Check { diagnostics, .. } => Some(diagnostics.as_deref()),
+        _ => None,
+    });
+    let (check, tests) = match last_check {
+        Some(Some(diagnostics)) => verdicts_of_failure(diagnostics, with_tests),
+        // A check passed, and then the run failed (a server error on the next call, say).
+        Some(None) => (Verdict::Passed, with_tests.then_some(Verdict::Passed)),
+        None => (Verdict::NotRun, with_tests.then_some(Verdict::NotRun)),
+    };
+    let classes = match error {
+        codegen_core::Error::Backend(
+            BackendError::Timeout { .. } | BackendError::Stalled { .. } | BackendError::Unreachable { .. },
+        ) => vec!["timeout or no server".to_string()],
+        codegen_core::Error::Backend(BackendError::ContextOverflow { .. }) => vec!["context overflow".to_string()],
+        codegen_core::Error::Backend(_) => vec!["server error".to_string()],
+        codegen_core::Error::CheckFailed { diagnostics, .. } => diagnostic_classes(diagnostics),
+        codegen_core::Error::CheckCouldNotRun(_) => vec!["check could not run".to_string()],
+        codegen_core::Error::BudgetExhausted { .. } => match last_check {
+            Some(Some(diagnostics)) => diagnostic_classes(diagnostics),
+            _ => vec![budget_class(transcript).to_string()],
+        },
+        codegen_core::Error::Interrupted { .. } => vec!["interrupted".to_string()],
+        _ => vec!["other".to_string()],
+    };
+    Scored { check, tests, classes }
+}
+
+/// Repairs the loop gives about the course of the work rather than a broken call.
+const WORK_REPAIRS: [&str; 3] = ["You replied without calling a tool", "You stopped without calling", "`finish` refused"];
+
+fn budget_class(transcript: &Transcript) -> &'static str {
+    let mut calls = 0u32;
+    let mut broken_calls = BTreeSet::new();
+    let mut last_repair = None;
+    for event in &transcript.events {
+        match event {
+            Event::ModelCall { .. } => calls += 1,
+            Event::Repair { model_call, problem } => {
+                if !WORK_REPAIRS.iter().any(|prefix| problem.starts_with(prefix)) {
+                    broken_calls.insert(*model_call);
+                }
+                last_repair = Some(problem.as_str());
+            }
+            _ => {}
+        }
+    }
+    if !broken_calls.is_empty() && broken_calls.len() * 2 >= calls as usize {
+        "broken tool calls"
+    } else if last_repair.is_some_and(|p| p.starts_with(WORK_REPAIRS[0])) {
+        "no finish"
+    } else {
+        "budget spent"
+    }
+}
+
+/// The 95 % Wilson score interval of `passed` successes in `trials`: unlike the plain
+/// p ± 1.96·sqrt(p(1-p)/n), it stays within [0, 1] and is not empty at 0 or n successes,
+/// which is where small evaluations live.
+pub fn wilson(passed: usize, trials: usize) -> (f64, f64) {
+    if trials == 0 {
+        return (0.0, 1.0);
+    }
+    const Z: f64 = 1.959_963_984_540_054;
+    let n = trials as f64;
+    let p = passed as f64 / n;
+    let z2 = Z * Z;
+    let denominator = 1.0 + z2 / n;
+    let centre = (p + z2 / (2.0 * n)) / denominator;
+    let half = Z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denominator;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+/// pass^k: the chance that `k` trials drawn without replacement from these all pass,
+/// C(passed, k) / C(trials, k) (τ-bench's estimator). `None` when there are fewer than `k`
+/// trials.
+pub fn pass_hat_k(passed: usize, trials: usize, k: usize) -> Option<f64> {
+    if k == 0 || trials < k {
+        return None;
+    }
+    let mut chance = 1.0;
+    for i in 0..k {
+        chance *= passed.saturating_sub(i) as f64 / (trials - i) as f64;
+    }
+    Some(chance)
+}
+
+/// The `p`-th percentile (0 < p ≤ 1) by nearest rank: a value that occurred.
+pub fn percentile<T: Copy + Ord>(values: &[T], p: f64) -> Option<T> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied()
+}
+
+/// One step × model (or the whole chain × model) over its trials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// The step's id, or `chain` for the chain as a whole (`--chain`).
+    pub step: String,
+    /// The model.
+    pub model: String,
+    /// Trials that ran (skipped ones excluded).
+    pub trials: usize,
+    /// Trials whose files passed the check (for `cargo test`: compiled).
+    pub passed_check: usize,
+    /// Trials whose files passed the crate's tests; `None` when the check runs no tests.
+    pub passed_tests: Option<usize>,
+    /// Trials that passed: the step finished with its check (tests included) passing.
+    pub passed: usize,
+    /// `passed / trials`.
+    pub pass_at_1: f64,
+    /// The 95 % Wilson interval of `pass_at_1`.
+    pub interval: (f64, f64),
+    /// `k` of `pass_hat_k`.
+    pub k: usize,
+    /// The chance that `k` trials all pass; `None` with fewer than `k` trials.
+    pub pass_hat_k: Option<f64>,
+    /// Distinct outputs among the trials that wrote files, by the hash of their files.
+    pub distinct_outputs: usize,
+    /// Median model calls per trial.
+    pub median_calls: u32,
+    /// Median tokens per trial (prompt + completion).
+    pub median_tokens: u64,
+    /// Wall time per trial, median and 95th percentile, in milliseconds.
+    pub wall_ms_p50: u64,
+    /// See `wall_ms_p50`.
+    pub wall_ms_p95: u64,
+    /// Trials skipped because a step they run after failed in the same chain trial.
+    pub skipped: usize,
+    /// Failure classes and the number of trials that showed each, most common first.
+    pub failures: Vec<(String, usize)>,
+    /// The pass rate this row must reach, if one is set.
+    pub min_pass_rate: Option<f64>,
+}
+
+impl Row {
+    /// Whether the row reaches its threshold (always, without one).
+    pub fn meets_threshold(&self) -> bool {
+        self.min_pass_rate.is_none_or(|min| self.trials > 0 && self.pass_at_1 + 1e-9 >= min)
+    }
+}
+
+/// The rows of `trials`, one per step × model in the order given, with `k` for pass^k and
+/// the thresholds `min_pass_rate` gives per step.
+pub fn rows(
+    trials: &[TrialRecord],
+    steps: &[String],
+    models: &[String],
+    k: usize,
+    min_pass_rate: &dyn Fn(&str) -> Option<f64>,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for step in steps {
+        for model in models {
+            let of_row: Vec<&TrialRecord> = trials.iter().filter(|t| &t.step == step && &t.model == model).collect();
+            rows.push(row(step, model, &of_row, k, min_pass_rate(step)));
+        }
+    }
+    rows
+}
+
+fn row(step: &str, model: &str, trials: &[&TrialRecord], k: usize, min_pass_rate: Option<f64>) -> Row {
+    let skipped = trials.iter().filter(|t| t.skipped).count();
+    let ran: Vec<&TrialRecord> = trials.iter().copied().filter(|t| !t.skipped).collect();
+    let n = ran.len();
+    let passed = ran.iter().filter(|t| t.passed).count();
+    let with_tests = ran.iter().any(|t| t.tests.is_some());
+    let mut failures: BTreeMap<&str, usize> = BTreeMap::new();
+    for trial in &ran {
+        for class in trial.classes.iter().collect::<BTreeSet<_>>() {
+            *failures.entry(class).or_default() += 1;
+        }
+    }
+    let mut failures: Vec<(String, usize)> = failures.into_iter().map(|(c, n)| (c.to_string(), n)).collect();
+    failures.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let outputs: BTreeSet<&str> = ran.iter().filter_map(|t| t.output_hash.as_deref()).collect();
+    let calls: Vec<u32> = ran.iter().map(|t| t.model_calls).collect();
+    let tokens: Vec<u64> = ran.iter().map(|t| t.prompt_tokens + t.completion_tokens).collect();
+    let wall: Vec<u64> = ran.iter().map(|t| t.wall_ms).collect();
+    Row {
+        step: step.to_string(),
+        model: model.to_string(),
+        trials: n,
+        passed_check: ran.iter().filter(|t| t.check == Verdict::Passed).count(),
+        passed_tests: with_tests.then(|| ran.iter().filter(|t| t.tests == Some(Verdict::Passed)).count()),
+        passed,
+        pass_at_1: if n == 0 { 0.0 } else { passed as f64 / n as f64 },
+        interval: wilson(passed, n),
+        k,
+        pass_hat_k: pass_hat_k(passed, n, k),
+        distinct_outputs: outputs.len(),
+        median_calls: percentile(&calls, 0.5).unwrap_or(0),
+        median_tokens: percentile(&tokens, 0.5).unwrap_or(0),
+        wall_ms_p50: percentile(&wall, 0.5).unwrap_or(0),
+        wall_ms_p95: percentile(&wall, 0.95).unwrap_or(0),
+        skipped,
+        failures,
+        min_pass_rate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wilson_matches_known_values() {
+        // Reference values (Wilson 1927; e.g. Newcombe 1998, table I: 81/263 -> 0.2553..0.3662).
+        let (low, high) = wilson(81, 263);
+        assert!((low - 0.2553).abs() < 1e-3 && (high - 0.3662).abs() < 1e-3, "{low} {high}");
+        let (low, high) = wilson(0, 5);
+        assert_eq!(low, 0.0);
+        assert!((high - 0.4345).abs() < 1e-3, "{high}");
+        let (low, high) = wilson(5, 5);
+        assert!((low - 0.5655).abs() < 1e-3 && high == 1.0, "{low} {high}");
+        assert_eq!(wilson(0, 0), (0.0, 1.0));
+    }
+
+    #[test]
+    fn pass_hat_k_is_the_chance_that_k_draws_all_pass() {
+        assert_eq!(pass_hat_k(3, 5, 1), Some(0.6));
+        // C(3,2)/C(5,2) = 3/10.
+        assert!((pass_hat_k(3, 5, 2).unwrap() - 0.3).abs() < 1e-12);
+        assert_eq!(pass_hat_k(5, 5, 5), Some(1.0));
+        assert_eq!(pass_hat_k(4, 5, 5), Some(0.0));
+        assert_eq!(pass_hat_k(1, 2, 3), None);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        assert_eq!(percentile(&[5u64, 1, 3, 2, 4], 0.5), Some(3));
+        assert_eq!(percentile(&[1u64, 2, 3, 4], 0.5), Some(2));
+        assert_eq!(percentile(&(1..=20u64).collect::<Vec<_>>(), 0.95), Some(19));
+        assert_eq!(percentile::<u64>(&[], 0.5), None);
+    }
+
+    #[test]
+    fn diagnostics_become_codes_and_test_names() {
+        let compile = "error[E0308]: mismatched types\n --> src/x.rs:1:1\nerror[E0425]: cannot find value `x`\nerror[E0308]: mismatched types\n";
+        assert_eq!(diagnostic_classes(compile), ["compiler error E0308", "compiler error E0425"]);
+        let tests = "2 tests failed:\n\ntest `tests::a`:\nassertion failed\n\ntest `tests::b`:\npanicked\n";
+        assert_eq!(diagnostic_classes(tests), ["failing test `tests::a`", "failing test `tests::b`"]);
+        assert_eq!(verdicts_of_failure(tests, true), (Verdict::Passed, Some(Verdict::Failed)));
+        assert_eq!(verdicts_of_failure(compile, true), (Verdict::Failed, Some(Verdict::NotRun)));
+        assert_eq!(diagnostic_classes("make: *** [lint] Error 1"), ["check failed"]);
+    }
+}
