@@ -677,8 +677,9 @@ pub(crate) fn attempt(
     let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-", step.id))?;
     let output_root = scratch.path().join("tree");
     sync_dir(&output_root, tree)?;
-    let mut sandbox =
-        sandbox_for(chain, step, &output_root).build().map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
+    let mut sandbox = sandbox_for(chain, step, &output_root)
+        .build()
+        .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
 
     let mut core_step = codegen_core::Step::new(step.model.clone(), prompt);
     core_step

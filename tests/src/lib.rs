@@ -505,6 +505,9 @@ pub struct FakeLlm {
     accept_thread: Option<JoinHandle<()>>,
 }
 
+/// See [`FakeLlm::respond_with`].
+type Responder = Box<dyn Fn(&Value) -> Option<Reply> + Send>;
+
 /// State shared by the accept loop, the connection threads and the [`FakeLlm`] handle.
 struct Shared {
     state: Mutex<State>,
@@ -519,6 +522,9 @@ struct State {
     script: VecDeque<Reply>,
     /// Replies for requests whose body contains the key, tried in order before `script`.
     routes: Vec<(String, VecDeque<Reply>)>,
+    /// Computes the reply to a chat request from its JSON body, tried after the routes and
+    /// before `script`.
+    responder: Option<Responder>,
     /// Waited before every scripted answer.
     latency: Duration,
     /// Arrivals and answers, in order.
@@ -556,6 +562,7 @@ impl FakeLlm {
             state: Mutex::new(State {
                 script: script.into(),
                 routes: Vec::new(),
+                responder: None,
                 latency: Duration::ZERO,
                 timeline: Vec::new(),
                 served: 0,
@@ -595,6 +602,14 @@ impl FakeLlm {
             Some((_, queue)) => queue.extend(replies),
             None => state.routes.push((key.to_owned(), replies.into())),
         }
+    }
+
+    /// Answers every chat request that no route takes with `responder(body)`, computed from
+    /// the request's JSON body (its model, seed, messages...), before the script; a `None`
+    /// leaves the request to the script. For clients whose conversations depend on what they
+    /// send, e.g. a reply per seed.
+    pub fn respond_with(&self, responder: impl Fn(&Value) -> Option<Reply> + Send + 'static) {
+        self.shared.lock().responder = Some(Box::new(responder));
     }
 
     /// Waits `latency` before every scripted answer (each connection on its own, so requests
@@ -858,11 +873,21 @@ fn respond(
         return (ok(json!({ "status": "ok" })), false);
     }
 
-    let next = match route {
-        Some(route) => state.routes[route].1.pop_front().ok_or_else(|| {
+    let computed = match (&state.responder, route, chat_protocol(&path)) {
+        (Some(responder), None, Some(_)) => {
+            let body =
+                serde_json::from_str::<Value>(&state.requests.last().map(|r| r.body.clone()).unwrap_or_default())
+                    .unwrap_or(Value::Null);
+            responder(&body)
+        }
+        _ => None,
+    };
+    let next = match (computed, route) {
+        (Some(reply), _) => Ok(reply),
+        (None, Some(route)) => state.routes[route].1.pop_front().ok_or_else(|| {
             format!("fake LLM server: route `{}` exhausted after {} replies", state.routes[route].0, state.served)
         }),
-        None => state
+        (None, None) => state
             .script
             .pop_front()
             .ok_or_else(|| format!("fake LLM server: script exhausted after {} replies", state.served)),

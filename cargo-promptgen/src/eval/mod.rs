@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use codegen_core::Cancel;
 use codegen_core::backend::{Backend, BackendError, BackendKind, ChatRequest, ChatResponse, Progress as Streamed};
-use codegen_core::check::{CheckOutcome};
+use codegen_core::check::CheckOutcome;
 use codegen_core::transcript::{Event, Volatility};
 use serde_json::json;
 
@@ -204,9 +204,7 @@ fn step_seed(step: &StepConfig, n: u32) -> u64 {
 fn unit_trials(chain: &Chain, plan: &RunPlan, unit: Unit) -> Vec<String> {
     match unit {
         Unit::Step { step, model, seed } => vec![format!("{}.{}.s{seed}", chain.steps[step].id, model_tag(model))],
-        Unit::Chain { n, model } => {
-            plan.steps.iter().map(|id| format!("chain{n}.{}.{id}", model_tag(model))).collect()
-        }
+        Unit::Chain { n, model } => plan.steps.iter().map(|id| format!("chain{n}.{}.{id}", model_tag(model))).collect(),
     }
 }
 
@@ -233,7 +231,13 @@ fn units(chain: &Chain, plan: &RunPlan) -> Vec<Unit> {
 }
 
 /// Starts a new evaluation run of `spec`.
-pub fn start(chain: &Chain, layout: &Layout, spec: &Spec, pace: &Pace, report: &mut dyn FnMut(Report)) -> Result<Outcome, Error> {
+pub fn start(
+    chain: &Chain,
+    layout: &Layout,
+    spec: &Spec,
+    pace: &Pace,
+    report: &mut dyn FnMut(Report),
+) -> Result<Outcome, Error> {
     let problem = |problem: String| Error::Eval { package: chain.package_name.clone(), problem };
     for id in &spec.steps {
         if chain.step(id).is_none() {
@@ -342,7 +346,13 @@ pub fn resume(
 /// trial ended with, calling no model: a trial whose model asked to finish passes or fails by
 /// today's check; the others (no finish, broken calls, a server error) keep their outcome,
 /// since no check judged them. The result is a new run.
-pub fn replay(chain: &Chain, layout: &Layout, name: &str, pace: &Pace, report: &mut dyn FnMut(Report)) -> Result<Outcome, Error> {
+pub fn replay(
+    chain: &Chain,
+    layout: &Layout,
+    name: &str,
+    pace: &Pace,
+    report: &mut dyn FnMut(Report),
+) -> Result<Outcome, Error> {
     let original = RunDir::open(layout, &chain.package_name, Some(name))?;
     let mut plan = original.read_plan()?;
     let now = crate::attempts::now();
@@ -408,7 +418,9 @@ fn rejudge(
                 Some(Ok(CheckOutcome::Passed)) => score::rechecked(None, false, with_tests),
                 Some(Ok(CheckOutcome::PutOff(_))) => score::rechecked(None, true, with_tests),
                 Some(Ok(CheckOutcome::Failed(diagnostics))) => score::rechecked(Some(&diagnostics), false, with_tests),
-                Some(Ok(_)) => score::rechecked(Some("the check ended in a way this version does not know"), false, with_tests),
+                Some(Ok(_)) => {
+                    score::rechecked(Some("the check ended in a way this version does not know"), false, with_tests)
+                }
                 Some(Err(_)) if pace.cancel.is_cancelled() => break,
                 Some(Err(error)) => score::Scored {
                     check: Verdict::NotRun,
@@ -416,7 +428,8 @@ fn rejudge(
                     classes: vec![format!("check could not run: {error}")],
                 },
             };
-            new.passed = scored.classes.is_empty() && scored.check == Verdict::Passed && scored.tests != Some(Verdict::Failed);
+            new.passed =
+                scored.classes.is_empty() && scored.check == Verdict::Passed && scored.tests != Some(Verdict::Failed);
             new.check = scored.check;
             new.tests = scored.tests;
             new.classes = scored.classes;
@@ -516,7 +529,9 @@ fn execute(
     if !plan.chain {
         for id in &plan.steps {
             let index = chain.index(id).expect("a step of the chain");
-            if let Some(missing) = chain.graph.dependencies(index).iter().find(|&&d| !recorded.contains_key(&chain.steps[d].id)) {
+            if let Some(missing) =
+                chain.graph.dependencies(index).iter().find(|&&d| !recorded.contains_key(&chain.steps[d].id))
+            {
                 return Err(Error::Eval {
                     package: chain.package_name.clone(),
                     problem: format!(
@@ -602,7 +617,8 @@ fn execute(
 fn serves_one_at_a_time(chain: &Chain) -> bool {
     let url = chain.effective_base_url().unwrap_or_default();
     let host = url.split("://").nth(1).unwrap_or(&url).split(['/', '?']).next().unwrap_or_default();
-    let host = host.rsplit_once(':').map(|(h, _)| h).filter(|h| !h.ends_with(']') || h.starts_with('[')).unwrap_or(host);
+    let host =
+        host.rsplit_once(':').map(|(h, _)| h).filter(|h| !h.ends_with(']') || h.starts_with('[')).unwrap_or(host);
     chain.backend == BackendKind::Ollama
         || host == "localhost"
         || host.starts_with("127.")
@@ -626,7 +642,8 @@ fn run_unit(work: &Work<'_>, unit: Unit, slot: usize) -> Result<Option<Vec<Trial
             let names = unit_trials(chain, work.plan, unit);
             for &index in chain.graph.order() {
                 let step = &chain.steps[index];
-                let name = names.iter().find(|n| n.ends_with(&format!(".{}", step.id))).expect("a trial per step").clone();
+                let name =
+                    names.iter().find(|n| n.ends_with(&format!(".{}", step.id))).expect("a trial per step").clone();
                 let seed = step_seed(step, n);
                 if failed.iter().any(|&f| chain.graph.depends_on(index, f)) {
                     failed.push(index);

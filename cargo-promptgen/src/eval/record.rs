@@ -191,6 +191,7 @@ impl RunDir {
     /// Writes a trial's transcript; its path relative to the run folder.
     pub fn write_transcript(&self, trial: &str, jsonl: &str) -> Result<String, Error> {
         let relative = format!("transcripts/{trial}.jsonl");
+        codegen_core::__private::fs::create_dir_all(&self.dir.join("transcripts"))?;
         codegen_core::__private::fs::write_atomic(&self.dir.join(&relative), jsonl.as_bytes())?;
         Ok(relative)
     }

@@ -142,7 +142,8 @@ pub fn classify(error: &codegen_core::Error, transcript: &Transcript, with_tests
 }
 
 /// Repairs the loop gives about the course of the work rather than a broken call.
-const WORK_REPAIRS: [&str; 3] = ["You replied without calling a tool", "You stopped without calling", "`finish` refused"];
+const WORK_REPAIRS: [&str; 3] =
+    ["You replied without calling a tool", "You stopped without calling", "`finish` refused"];
 
 fn budget_class(transcript: &Transcript) -> &'static str {
     let mut calls = 0u32;

@@ -107,7 +107,11 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
         match report {
             Report::Began { run, dir, trials, done } => {
                 let resumed = if done > 0 { format!(", {done} done before") } else { String::new() };
-                eprintln!("Evaluating {}: {trials} trials{resumed}; run `{run}` in {}", chain.package_name, dir.display());
+                eprintln!(
+                    "Evaluating {}: {trials} trials{resumed}; run `{run}` in {}",
+                    chain.package_name,
+                    dir.display()
+                );
             }
             Report::Finished(trial) => eprintln!("  {}", describe_trial(&trial)),
         }
@@ -140,7 +144,8 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
     };
     print!("{text}");
     let (calls, tokens) = outcome.spent();
-    let replayed = outcome.plan.replay_of.as_ref().map(|r| format!(" (judged again from run `{r}`: no model was called)"));
+    let replayed =
+        outcome.plan.replay_of.as_ref().map(|r| format!(" (judged again from run `{r}`: no model was called)"));
     if !quiet {
         for warning in &outcome.warnings {
             eprintln!("warning: {warning}");
@@ -181,7 +186,10 @@ fn percent(rate: f64) -> String {
 
 fn describe_trial(trial: &TrialRecord) -> String {
     if trial.skipped {
-        return format!("{} · {} · seed {}: skipped (a step it runs after failed)", trial.step, trial.model, trial.seed);
+        return format!(
+            "{} · {} · seed {}: skipped (a step it runs after failed)",
+            trial.step, trial.model, trial.seed
+        );
     }
     let verdict = if trial.passed { "passed".to_string() } else { format!("failed: {}", trial.classes.join(", ")) };
     format!(
@@ -195,8 +203,20 @@ fn describe_trial(trial: &TrialRecord) -> String {
     )
 }
 
-const HEADER: [&str; 12] =
-    ["step", "model", "trials", "check", "tests", "pass@1", "95% CI", "pass^k", "distinct", "calls", "tokens", "wall p50/p95"];
+const HEADER: [&str; 12] = [
+    "step",
+    "model",
+    "trials",
+    "check",
+    "tests",
+    "pass@1",
+    "95% CI",
+    "pass^k",
+    "distinct",
+    "calls",
+    "tokens",
+    "wall p50/p95",
+];
 
 fn cells(row: &Row) -> [String; 12] {
     let of = |n: usize| format!("{n}/{}", row.trials);
@@ -219,7 +239,13 @@ fn cells(row: &Row) -> [String; 12] {
 fn threshold_note(row: &Row) -> Option<String> {
     let min = row.min_pass_rate?;
     let verdict = if row.meets_threshold() { "meets" } else { "BELOW" };
-    Some(format!("{} · {}: pass@1 {} {verdict} min_pass_rate {}", row.step, row.model, percent(row.pass_at_1), percent(min)))
+    Some(format!(
+        "{} · {}: pass@1 {} {verdict} min_pass_rate {}",
+        row.step,
+        row.model,
+        percent(row.pass_at_1),
+        percent(min)
+    ))
 }
 
 fn failures_of(row: &Row) -> Option<String> {
@@ -273,7 +299,8 @@ fn table(rows: &[Row]) -> String {
 fn markdown(outcome: &Outcome, rows: &[Row]) -> String {
     let mut out = String::new();
     let plan = &outcome.plan;
-    let what = if plan.chain { "whole chain per trial" } else { "each step on the recorded output of the steps before it" };
+    let what =
+        if plan.chain { "whole chain per trial" } else { "each step on the recorded output of the steps before it" };
     let _ = writeln!(
         out,
         "### promptgen eval: `{}`\n\n{} seeds per step and model, {what}; run `{}`.\n",
@@ -372,7 +399,12 @@ fn junit(outcome: &Outcome, rows: &[Row]) -> String {
             );
         }
         if let Some(min) = row.min_pass_rate {
-            let _ = write!(out, "    <testcase classname=\"step {}.{}\" name=\"min_pass_rate\"", xml(&row.step), xml(&row.model));
+            let _ = write!(
+                out,
+                "    <testcase classname=\"step {}.{}\" name=\"min_pass_rate\"",
+                xml(&row.step),
+                xml(&row.model)
+            );
             if row.meets_threshold() {
                 let _ = writeln!(out, "/>");
             } else {
