@@ -8,6 +8,9 @@
 #
 #   bash scripts/real-llm.sh                  # install what is missing, smoke-test, run the suite on both
 #   bash scripts/real-llm.sh serve KIND PORT  # run one server in the foreground (the tests use it)
+#   bash scripts/real-llm.sh install          # only install what is missing
+#   bash scripts/real-llm.sh eval [ARGS...]   # `cargo promptgen eval -p example-app ARGS` against
+#                                             # each server with SmolLM2 (the README's table)
 #
 # Everything lives under target/real-llm/ and is reused by later runs:
 #   sdist/      the llama-cpp-python source distribution (it vendors llama.cpp)
@@ -257,10 +260,28 @@ ensure_source
 ensure_build
 ensure_python_server
 ensure_model
+[ "${1:-}" = install ] && exit 0
 
 STARTED_PIDS=()
 SUMMARY=()
 trap stop_servers EXIT INT TERM
+
+# The example's chain evaluated against each server with SmolLM2: the `openai` backend at the
+# server, trials in throwaway copies (the lock is never touched), one Markdown table each.
+if [ "${1:-}" = eval ]; then
+    shift
+    for kind in llama-server llama-cpp-python; do
+        start_server "$kind"
+        smoke_test "$kind"
+        say "cargo promptgen eval -p example-app $* against $kind ($(version_of "$kind"))"
+        status=0
+        cargo run --quiet -p cargo-promptgen -- promptgen eval -p example-app --backend openai \
+            --base-url "$SERVER_URL/v1" --model smollm2 --format md "$@" || status=$?
+        [ "$status" -eq 130 ] && exit 130
+        kill "$SERVER_PID" 2>/dev/null || true
+    done
+    exit 0
+fi
 say "model $(basename "$(model_file)") ($(du -h "$(model_file)" | cut -f1)), context $CONTEXT tokens"
 for kind in llama-server llama-cpp-python; do
     run_suite "$kind"

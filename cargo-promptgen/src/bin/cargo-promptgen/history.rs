@@ -179,6 +179,51 @@ pub fn collect(
     Ok(out)
 }
 
+/// The trials of evaluation run `run` (only those of step `only`, or the trial so named), each
+/// showing its transcript: passed ones as recorded, the others as failed.
+pub fn eval_trials(chain: &Chain, layout: &Layout, run: &str, only: Option<&str>) -> anyhow::Result<Vec<StepHistory>> {
+    use cargo_promptgen::__private::eval::record::RunDir;
+    let run = RunDir::open(layout, &chain.package_name, Some(run))?;
+    let mut out = Vec::new();
+    for trial in run.read_trials()? {
+        if only.is_some_and(|wanted| wanted != trial.step && wanted != trial.trial) {
+            continue;
+        }
+        let kind = if trial.passed { Kind::Recorded } else { Kind::Failed };
+        let shown = match &trial.transcript {
+            Some(relative) => {
+                let path = run.dir.join(relative);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read the transcript `{}`", path.display()))?;
+                let origin = display(&path, layout);
+                let events = parse(&text, &origin)?;
+                Some(Shown { kind, origin, events, timed: true, error: trial.error.clone(), partial: None })
+            }
+            None => None,
+        };
+        let mut files = Files::new();
+        for file in &trial.files {
+            if let Ok(bytes) = std::fs::read(run.tree_dir(&trial.trial).join(&file.path)) {
+                files.insert(file.path.clone(), bytes);
+            }
+        }
+        let state = match (trial.skipped, trial.passed) {
+            (true, _) => "skipped".to_string(),
+            (false, true) => format!("passed, {} seed {}", trial.model, trial.seed),
+            (false, false) => format!("failed ({}), {} seed {}", trial.classes.join(", "), trial.model, trial.seed),
+        };
+        out.push(StepHistory {
+            id: trial.trial.clone(),
+            shown,
+            available: vec![kind],
+            state,
+            entry: None,
+            files,
+        });
+    }
+    Ok(out)
+}
+
 fn step_history(
     layout: &Layout,
     records: &Records,

@@ -159,6 +159,9 @@ struct LogArgs {
     /// Write one self-contained HTML page of the chain to FILE instead.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// Show the trials of this `eval` run instead (STEP then names a step or one trial).
+    #[arg(long, value_name = "RUN", conflicts_with = "show")]
+    eval: Option<String>,
 }
 
 /// `store --to`.
@@ -743,6 +746,7 @@ fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(&args.selection, &Overrides::default())?;
     if let Some(id) = &args.step
         && chain.step(id).is_none()
+        && args.eval.is_none()
     {
         return Err(cargo_promptgen::Error::UnknownStep {
             id: id.clone(),
@@ -753,7 +757,10 @@ fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
     }
     let steps = {
         let _guard = ProcessLock::acquire(&layout)?;
-        history::collect(&chain, &layout, args.step.as_deref(), args.show)?
+        match &args.eval {
+            Some(run) => history::eval_trials(&chain, &layout, run, args.step.as_deref())?,
+            None => history::collect(&chain, &layout, args.step.as_deref(), args.show)?,
+        }
     };
     if let Some(path) = &args.html {
         codegen_core::__private::fs::write_atomic(path, html::page(&chain, &steps).as_bytes())?;
