@@ -227,13 +227,24 @@ fn list(runs: &Path, package: &str) -> Vec<String> {
         .flatten()
         .flatten()
         .filter_map(|entry| entry.file_name().into_string().ok())
-        .filter(|name| {
-            name.strip_prefix(&prefix).is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
-                && runs.join(name).join("run.json").is_file()
-        })
+        .filter(|name| name.strip_prefix(&prefix).is_some_and(is_stamp) && runs.join(name).join("run.json").is_file())
         .collect();
     names.sort_by_key(|name| sortable(name));
     names
+}
+
+/// Whether `rest` is what [`RunDir::create`] puts after the package's name: `20261201-105043`,
+/// maybe with `-<n>` (so that package `app-2`'s runs are not taken for `app`'s).
+fn is_stamp(rest: &str) -> bool {
+    let parts: Vec<&str> = rest.split('-').collect();
+    let digits = |part: &str, len: Option<usize>| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) && len.is_none_or(|len| part.len() == len)
+    };
+    match parts.as_slice() {
+        [date, time] => digits(date, Some(8)) && digits(time, Some(6)),
+        [date, time, n] => digits(date, Some(8)) && digits(time, Some(6)) && digits(n, None),
+        _ => false,
+    }
 }
 
 /// `name` with a missing `-<n>` suffix read as 1, so that `x-2` sorts after `x`.
@@ -276,6 +287,14 @@ mod tests {
         // 2026-12-01 10:50:43 UTC.
         assert_eq!(utc_stamp(1_796_122_243), "20261201-105043");
         assert_eq!(utc_stamp(951_825_600), "20000229-120000");
+    }
+
+    #[test]
+    fn a_run_belongs_to_the_package_whose_name_is_followed_by_a_stamp() {
+        assert!(is_stamp("20261201-105043") && is_stamp("20261201-105043-2"));
+        // `app-2-20261201-105043` is package `app-2`'s, not `app`'s.
+        assert!(!is_stamp("2-20261201-105043"));
+        assert!(!is_stamp("20261201") && !is_stamp("20261201-10504x"));
     }
 
     #[test]

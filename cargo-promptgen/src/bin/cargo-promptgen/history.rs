@@ -212,14 +212,7 @@ pub fn eval_trials(chain: &Chain, layout: &Layout, run: &str, only: Option<&str>
             (false, true) => format!("passed, {} seed {}", trial.model, trial.seed),
             (false, false) => format!("failed ({}), {} seed {}", trial.classes.join(", "), trial.model, trial.seed),
         };
-        out.push(StepHistory {
-            id: trial.trial.clone(),
-            shown,
-            available: vec![kind],
-            state,
-            entry: None,
-            files,
-        });
+        out.push(StepHistory { id: trial.trial.clone(), shown, available: vec![kind], state, entry: None, files });
     }
     Ok(out)
 }
