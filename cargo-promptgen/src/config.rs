@@ -49,6 +49,11 @@
 //!                                       # ([] for none; default: the step before it in id order)
 //! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
 //! # system_prompt, check, check_rounds, seed_retries
+//!
+//! [package.metadata.promptgen.eval]     # optional: what `cargo promptgen eval` requires
+//! min_pass_rate = 0.6                   # optional number from 0 to 1: the pass@1 every
+//!                                       # step x model must reach
+//! steps = { "01" = 0.8 }                # optional: per step, a rate that replaces it
 //! ```
 //!
 //! `store`, `cache_url` and `jobs` never change a step's key: switching stores leaves the lock
@@ -61,8 +66,9 @@
 //! none), so chains written before `after` existed keep their meaning and their keys. The cache folder is `PROMPTGEN_CACHE_DIR` (an absolute path), else the user's cache
 //! folder (see [`crate::cache::default_dir`]); `store = "cache"` without either is an error.
 //!
-//! `[workspace.metadata.promptgen]` may set every chain-level key except `steps`; its file
-//! paths are relative to the workspace root. That root is the one cargo finds: the package's
+//! `[workspace.metadata.promptgen]` may set every chain-level key except `steps` (and
+//! `eval.steps`, which name one package's steps); its file paths are relative to the workspace
+//! root. That root is the one cargo finds: the package's
 //! own manifest if it has a `[workspace]` table, else the root `package.workspace` names, else
 //! the nearest parent folder's `Cargo.toml` with a `[workspace]` table that does not `exclude`
 //! the package (or that names its own root with `package.workspace`). A caller that knows the
@@ -268,6 +274,8 @@ with_shared_keys! {
         cache_url: String => CACHE_URL_EXPECTED,
         /// Steps run at once.
         jobs: NonZeroU32 => JOBS_EXPECTED,
+        /// What `cargo promptgen eval` requires.
+        eval: EvalTable => "a table (`[package.metadata.promptgen.eval]`)",
         /// The chain's steps.
         steps: Vec<Spanned<StepTable>> => "an array of tables (`[[package.metadata.promptgen.steps]]`)",
     }
@@ -291,6 +299,19 @@ with_shared_keys! {
         after: Vec<Spanned<String>> => "an array of step ids, e.g. [\"01\", \"03\"] ([] for none)",
     }
 }
+
+keys_table! {
+    /// `[package.metadata.promptgen.eval]` (and the workspace's, without `steps`).
+    #[serde(expecting = "a table")]
+    struct EvalTable {
+        /// The pass rate every step × model must reach.
+        min_pass_rate: f64 => RATE_EXPECTED,
+        /// Per step id, a rate that replaces `min_pass_rate`.
+        steps: BTreeMap<String, Spanned<f64>> => "a table of step ids and pass rates, e.g. { \"01\" = 0.8 }",
+    }
+}
+
+const RATE_EXPECTED: &str = "a number from 0 to 1 (the share of trials that must pass, e.g. 0.8)";
 
 /// `check` as written: a word or a command.
 #[derive(Debug, Deserialize)]
@@ -1186,6 +1207,10 @@ enum Level {
     Package,
     Workspace,
     Step,
+    /// `[package.metadata.promptgen.eval]`.
+    Eval,
+    /// `[workspace.metadata.promptgen.eval]`, where `steps` is an error.
+    WorkspaceEval,
 }
 
 impl Source {
@@ -1237,6 +1262,10 @@ impl Source {
         let (table, name) = key.rsplit_once('.').unwrap_or(("", key));
         let level = if table.contains(".steps[") {
             Level::Step
+        } else if table == format!("{WORKSPACE_PREFIX}.eval") {
+            Level::WorkspaceEval
+        } else if table == format!("{PACKAGE_PREFIX}.eval") {
+            Level::Eval
         } else if table.starts_with("workspace.") {
             Level::Workspace
         } else {
@@ -1310,6 +1339,10 @@ fn expected_of(key: &str) -> Option<String> {
         None
     } else if table.contains(".steps[") {
         StepTable::expected(name)
+    } else if table.ends_with(".eval.steps") {
+        Some(format!("{RATE_EXPECTED}: the rate step `{name}` must reach"))
+    } else if table.ends_with(".eval") {
+        EvalTable::expected(name)
     } else {
         ChainTable::expected(name)
     }
@@ -1319,19 +1352,24 @@ fn expected_of(key: &str) -> Option<String> {
 fn unknown_key_error(file: &Path, at: Location, level: Level, table: &str, name: &str) -> ConfigError {
     let (known, aliases) = match level {
         Level::Step => (StepTable::KEYS, StepTable::ALIASES),
-        _ => (ChainTable::KEYS, ChainTable::ALIASES),
+        Level::Eval | Level::WorkspaceEval => (EvalTable::KEYS, EvalTable::ALIASES),
+        Level::Package | Level::Workspace => (ChainTable::KEYS, ChainTable::ALIASES),
     };
-    let known: Vec<&str> = known.iter().copied().filter(|k| level != Level::Workspace || *k != "steps").collect();
+    let in_workspace = matches!(level, Level::Workspace | Level::WorkspaceEval);
+    let known: Vec<&str> = known.iter().copied().filter(|k| !in_workspace || *k != "steps").collect();
     let step_only = |k: &&str| StepTable::KEYS.contains(k) && !ChainTable::KEYS.contains(k);
     let chain_only = |k: &&str| ChainTable::KEYS.contains(k) && !StepTable::KEYS.contains(k);
     let hint = if name == "api_key" {
         "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment.".to_string()
-    } else if level != Level::Step && step_only(&name) {
+    } else if matches!(level, Level::Package | Level::Workspace) && step_only(&name) {
         format!("; `{name}` belongs to a step: put it under `[[package.metadata.promptgen.steps]]`.")
     } else if level == Level::Step && chain_only(&name) {
         format!("; `{name}` applies to the whole chain: set it in `[package.metadata.promptgen]`.")
     } else if level == Level::Workspace && name == "steps" {
         "; steps are declared by each package, in `[[package.metadata.promptgen.steps]]`.".to_string()
+    } else if level == Level::WorkspaceEval && name == "steps" {
+        "; per-step rates name one package's steps: set them in that package's `[package.metadata.promptgen.eval]`."
+            .to_string()
     } else {
         let candidates = known.iter().copied().chain(aliases.iter().map(|(old, _)| *old));
         match closest(name, candidates) {
@@ -1542,6 +1580,11 @@ pub fn load(
                 .at(Doc::parse(&ws_src.text).and_then(|d| d.key_span(&ctx.key("steps"))).unwrap_or(steps.span()).start);
             return Err(unknown_key_error(&ws_src.file, at, Level::Workspace, WORKSPACE_PREFIX, "steps"));
         }
+        if let Some(steps) = chain.get_ref().eval.as_ref().and_then(|e| e.get_ref().steps.as_ref()) {
+            let key = ctx.key("eval.steps");
+            let at = ws_src.at(Doc::parse(&ws_src.text).and_then(|d| d.key_span(&key)).unwrap_or(steps.span()).start);
+            return Err(unknown_key_error(&ws_src.file, at, Level::WorkspaceEval, &ctx.key("eval"), "steps"));
+        }
         layers.push(Layer::check(&ctx, chain.get_ref(), Origin::Workspace)?);
     }
     // The first layer that sets a chain-level value, with its origin.
@@ -1690,6 +1733,7 @@ pub fn load(
     }
     steps.sort_by(|a, b| a.id.cmp(&b.id));
     let graph = resolve_graph(&src, &mut steps, graph_decls)?;
+    let eval = eval_settings(&package_ctx, chain_table.get_ref(), &layers, &steps)?;
     let edition = package_edition(&src, package.get_ref(), workspace_table.map(|(_, table, _)| table))?;
 
     // Where the outputs live, and the cache folder (needed in cache mode, and to switch to it).
@@ -1730,8 +1774,39 @@ pub fn load(
         store,
         cache_dir,
         cache_url,
-        eval: EvalSettings::default(),
+        eval,
     })
+}
+
+/// `[package.metadata.promptgen.eval]` over the workspace's: the package's `min_pass_rate`
+/// beats the workspace's, and each rate of `steps` must be for a step of the chain.
+fn eval_settings(
+    ctx: &Ctx<'_>,
+    package: &ChainTable,
+    layers: &[Layer<'_>],
+    steps: &[StepConfig],
+) -> Result<EvalSettings, ConfigError> {
+    let min_pass_rate = layers.iter().find_map(|l| l.min_pass_rate);
+    let mut per_step = BTreeMap::new();
+    let declared = package.eval.as_ref().and_then(|e| e.get_ref().steps.as_ref());
+    for (id, rate) in declared.map(Spanned::get_ref).into_iter().flatten() {
+        let name = format!("eval.steps.{id}");
+        if steps.iter().all(|s| s.id != *id) {
+            let ids = || steps.iter().map(|s| s.id.as_str());
+            return Err(ConfigError::UnknownKey {
+                file: ctx.src.file.clone(),
+                at: ctx.src.at_span(rate),
+                key: ctx.key(&name),
+                hint: match closest(id, ids()) {
+                    Some(near) => format!(": the chain has no step `{id}`; did you mean `{near}`?"),
+                    None => format!(": the chain has no step `{id}`."),
+                },
+                known: ids().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", "),
+            });
+        }
+        per_step.insert(id.clone(), ctx.rate(&name, rate)?);
+    }
+    Ok(EvalSettings { min_pass_rate, steps: per_step })
 }
 
 /// The value of an optional key, without its span.
@@ -1781,6 +1856,12 @@ impl Ctx<'_> {
             s if s.trim().is_empty() => Err(self.invalid(name, value, format!("{s:?}"))),
             s => Ok(s.clone()),
         }
+    }
+
+    /// A pass rate, from 0 to 1, at the key `name`.
+    fn rate(&self, name: &str, value: &Spanned<f64>) -> Result<f64, ConfigError> {
+        let rate = *value.get_ref();
+        if (0.0..=1.0).contains(&rate) { Ok(rate) } else { Err(self.invalid(name, value, rate)) }
     }
 
     fn temperature(&self, value: &Spanned<f64>) -> Result<f64, ConfigError> {
@@ -1962,6 +2043,8 @@ struct Layer<'a> {
     cache_url: Option<CacheUrl>,
     /// Where `store` is set: the manifest, the place and the full key.
     store_at: Option<(PathBuf, Location, String)>,
+    /// `eval.min_pass_rate`, checked.
+    min_pass_rate: Option<f64>,
 }
 
 impl<'a> Layer<'a> {
@@ -1981,7 +2064,16 @@ impl<'a> Layer<'a> {
         };
         let store_at =
             table.store.as_ref().map(|store| (ctx.src.file.clone(), ctx.src.at_span(store), ctx.key("store")));
-        Ok(Layer { origin, table, shared: check_shared!(ctx, table, "system prompt"), cache_url, store_at })
+        let eval = table.eval.as_ref().map(Spanned::get_ref);
+        let min_pass_rate = eval.and_then(|e| e.min_pass_rate.as_ref()).map(|r| ctx.rate("eval.min_pass_rate", r));
+        Ok(Layer {
+            origin,
+            table,
+            shared: check_shared!(ctx, table, "system prompt"),
+            cache_url,
+            store_at,
+            min_pass_rate: min_pass_rate.transpose()?,
+        })
     }
 }
 
@@ -2413,6 +2505,9 @@ mod tests {
         for key in StepTable::KEYS {
             assert!(StepTable::expected(key).is_some_and(|e| !e.is_empty()), "{key}");
         }
+        for key in EvalTable::KEYS {
+            assert!(EvalTable::expected(key).is_some_and(|e| !e.is_empty()), "{key}");
+        }
     }
 
     #[test]
@@ -2420,12 +2515,15 @@ mod tests {
         let docs = include_str!("config.rs");
         let docs: String = docs.lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
         for key in ChainTable::KEYS.iter().chain(StepTable::KEYS) {
-            let line = if *key == "steps" {
-                "//! [[package.metadata.promptgen.steps]]".into()
-            } else {
-                format!("//! {key} = ")
+            let line = match *key {
+                "steps" => "//! [[package.metadata.promptgen.steps]]".into(),
+                "eval" => "//! [package.metadata.promptgen.eval]".into(),
+                _ => format!("//! {key} = "),
             };
             assert!(docs.contains(&line), "the module documentation's schema lacks `{key}`");
+        }
+        for key in EvalTable::KEYS {
+            assert!(docs.contains(&format!("//! {key} = ")), "the module documentation's schema lacks `eval.{key}`");
         }
     }
 

@@ -1134,3 +1134,66 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     assert!(matches!(err, cargo_promptgen::Error::Sandbox { .. }), "{err:?}");
     assert!(cargo_promptgen::__private::error::report(&err).contains("src/outside`"), "{err:?}");
 }
+
+// ---- what `cargo promptgen eval` requires ----
+
+#[test]
+fn eval_thresholds_come_from_the_package_over_the_workspace() {
+    let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen.eval]\nmin_pass_rate = 0.5\n");
+    let manifest = fx.package(&one_step("model = \"m\"", ""));
+    let eval = load(&manifest, &Overrides::default(), NONE).eval;
+    assert_eq!((eval.min_pass_rate, eval.min_pass_rate_of("01")), (Some(0.5), Some(0.5)));
+
+    let chain = one_step("model = \"m\"", "");
+    let manifest = fx.package(&format!(
+        "{chain}\n[package.metadata.promptgen.eval]\nmin_pass_rate = 0.7\nsteps = {{ \"01\" = 0.9 }}\n"
+    ));
+    let eval = load(&manifest, &Overrides::default(), NONE).eval;
+    assert_eq!(eval.min_pass_rate, Some(0.7), "the package's rate beats the workspace's");
+    assert_eq!((eval.min_pass_rate_of("01"), eval.min_pass_rate_of("02")), (Some(0.9), Some(0.7)));
+
+    let fx = Fixture::new();
+    let eval = load(&fx.package(&chain), &Overrides::default(), NONE).eval;
+    assert_eq!(eval.min_pass_rate_of("01"), None, "no table, no threshold");
+}
+
+#[test]
+fn eval_mistakes_name_their_key_line_and_column() {
+    let fx = Fixture::new();
+    let chain = one_step("model = \"m\"", "");
+    // The eval table's header is line 13, its key line 14 of the package manifest.
+    let cases: &[(&str, &str, &str)] = &[
+        ("min_pass_rate = 1.5", "`package.metadata.promptgen.eval.min_pass_rate` = 1.5 is not allowed", "14:17"),
+        (
+            "min_pass_rate = \"high\"",
+            "`package.metadata.promptgen.eval.min_pass_rate` must be a number from 0 to 1",
+            "14:17",
+        ),
+        (
+            "min_pas_rate = 0.5",
+            "unknown key `package.metadata.promptgen.eval.min_pas_rate`; did you mean `min_pass_rate`?",
+            "14:1",
+        ),
+        ("steps = { \"01\" = -0.1 }", "`package.metadata.promptgen.eval.steps.01` = -0.1 is not allowed", "14:18"),
+        (
+            "steps = { \"1\" = 0.5 }",
+            "unknown key `package.metadata.promptgen.eval.steps.1`: the chain has no step `1`; did you mean `01`?",
+            "14:17",
+        ),
+    ];
+    for (table, message, at) in cases {
+        let manifest = fx.package(&format!("{chain}\n[package.metadata.promptgen.eval]\n{table}\n"));
+        let err = load_err(&manifest, &Overrides::default(), NONE);
+        assert_mentions(&err, &[message, &format!("Cargo.toml:{at}`")]);
+    }
+
+    // Per-step rates name one package's steps: not the workspace's to set.
+    let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen.eval]\nsteps = { \"01\" = 0.5 }\n");
+    let err = load_err(&fx.package(&chain), &Overrides::default(), NONE);
+    assert!(matches!(err, ConfigError::UnknownKey { .. }), "{err:?}");
+    assert_eq!(err.file(), fx.path("Cargo.toml"));
+    assert_mentions(
+        &err,
+        &["`workspace.metadata.promptgen.eval.steps`", "that package's `[package.metadata.promptgen.eval]`"],
+    );
+}

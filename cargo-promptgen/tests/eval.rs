@@ -1,0 +1,383 @@
+//! `cargo promptgen eval` end to end: the real binary, real `cargo`, and the fake LLM server
+//! on loopback answering each request from its model, its seed and the conversation so far,
+//! so that some seeds write code that fails the crate check and others code that fails the
+//! crate's own tests. The crate is realistic: serde and serde_json from crates.io, a
+//! hand-written module the generated code uses, and tests in `main.rs` that use it.
+//!
+//! Covered: the counts and rates of the table are exact; two models give two rows; thresholds
+//! pass and fail with the documented exit codes (from the flag and from Cargo.toml); the
+//! lock, the store and the package are byte-identical afterwards and no pending area appears;
+//! `--replay` makes no request and judges the kept files by today's tests; an interrupted run
+//! resumes without running its finished trials again; `--chain`; a step whose dependency has
+//! no recorded output is refused with the fix.
+
+mod support;
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use promptgen_tests::{FakeLlm, Reply, Turn};
+use serde_json::{Value, json};
+use support::{Package, changes, run, snapshot, stderr, stdout, text};
+
+const METADATA: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "good-coder"
+seed = 10
+temperature = 0.7
+max_model_calls = 4
+check_rounds = 0
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["user_json.rs"]
+check = "cargo test"
+
+[[package.metadata.promptgen.steps]]
+id = "02"
+prompt = "prompts/02.md"
+outputs = ["greeting.rs"]
+"#;
+
+const MAIN: &str = r##"mod domain;
+
+#[allow(dead_code)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
+}
+
+fn main() {
+    let user = domain::User { name: "Ada".into(), age: 36 };
+    println!("{}", generated::user_json::to_json(&user));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ada() -> domain::User {
+        domain::User { name: "Ada".into(), age: 36 }
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        assert_eq!(generated::user_json::to_json(&ada()), r#"{"name":"Ada","age":36}"#);
+    }
+
+    #[test]
+    fn the_description_names_the_user_and_the_age() {
+        assert_eq!(generated::user_json::describe(&ada()), "Ada (36)");
+    }
+}
+"##;
+
+const GOOD: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.name, user.age)\n}\n";
+/// Only the crate shows that `User` has no field `nmae` (E0609).
+const TYPO: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.nmae, user.age)\n}\n";
+/// Compiles; fails the hand-written test of the description.
+const WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{}, {}\", user.name, user.age)\n}\n";
+const GREETING: &str = "use crate::domain::User;\n\npub fn greet(user: &User) -> String {\n    format!(\"Hello, {}!\", super::user_json::describe(user))\n}\n";
+
+/// What `good-coder` writes for step 01 with each seed (10..=14): three of five pass, one
+/// fails the crate check, one fails a test.
+fn user_json_for(seed: u64) -> &'static str {
+    match seed % 5 {
+        2 => TYPO,
+        3 => WRONG,
+        _ => GOOD,
+    }
+}
+
+/// The fake models. `good-coder` writes the step's file (by seed) and then finishes;
+/// `bad-coder` only ever answers in prose, so it never finishes.
+fn answer(body: &Value) -> Option<Reply> {
+    let model = body["model"].as_str()?;
+    let seed = body["options"]["seed"].as_u64()?;
+    let messages = body["messages"].as_array()?;
+    let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
+    let text = body.to_string();
+    if model == "bad-coder" {
+        return Some(Reply::turn(Turn::text("I would write the file like this: fn describe() {}")));
+    }
+    let (path, content) = if text.contains("Write greeting.rs") {
+        ("greeting.rs", GREETING)
+    } else {
+        ("user_json.rs", user_json_for(seed))
+    };
+    Some(Reply::turn(match turn {
+        0 => Turn::call("write_file", json!({"path": path, "content": content})),
+        _ => Turn::call("finish", json!({"summary": "done"})),
+    }))
+}
+
+fn server() -> FakeLlm {
+    let server = FakeLlm::start(Vec::new());
+    server.respond_with(answer);
+    server
+}
+
+fn package(metadata: &str) -> Package {
+    let package = Package::realistic(metadata, MAIN);
+    package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
+    package.write("prompts/02.md", "Write greeting.rs: greet(user) using user_json::describe.\n");
+    package
+}
+
+fn promptgen(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
+    run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()).env("CARGO_NET_OFFLINE", "true"))
+}
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", text(out)))
+}
+
+fn row<'a>(summary: &'a Value, step: &str, model: &str) -> &'a Value {
+    summary["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["step"] == step && r["model"] == model)
+        .unwrap_or_else(|| panic!("no row {step} · {model} in {summary:#}"))
+}
+
+fn pending_dir(package: &Package) -> std::path::PathBuf {
+    support::shared_target().join("promptgen/pending").join(&package.name)
+}
+
+#[test]
+fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
+    let server = server();
+    let package = package(METADATA);
+    // Record the chain once (seed 10 writes good code), as a team would have it.
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let recorded_requests = server.requests().len();
+    let before = snapshot(package.dir.path());
+
+    let out = promptgen(
+        &package,
+        &server,
+        &["eval", "--step", "01", "--model", "good-coder", "--model", "bad-coder", "--format", "json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "no threshold is set: {}", text(&out));
+    let summary = json_of(&out);
+    assert_eq!(summary["rows"].as_array().unwrap().len(), 2, "{summary:#}");
+
+    let good = row(&summary, "01", "good-coder");
+    assert_eq!(good["trials"], 5);
+    assert_eq!(good["passed_check"], 4, "the typo does not compile: {good:#}");
+    assert_eq!(good["passed_tests"], 3, "the wrong description fails its test: {good:#}");
+    assert_eq!(good["passed"], 3);
+    assert_eq!(good["pass_at_1"], 0.6);
+    let (low, high) = (good["interval"][0].as_f64().unwrap(), good["interval"][1].as_f64().unwrap());
+    assert!((low - 0.2307).abs() < 1e-3 && (high - 0.8824).abs() < 1e-3, "Wilson 3/5: {low} {high}");
+    assert_eq!(good["k"], 3);
+    assert!((good["pass_hat_k"].as_f64().unwrap() - 0.1).abs() < 1e-12, "C(3,3)/C(5,3): {good:#}");
+    assert_eq!(good["distinct_outputs"], 3, "GOOD, TYPO and WRONG: {good:#}");
+    assert_eq!(good["median_calls"], 2);
+    assert_eq!(
+        good["failures"],
+        json!([["compiler error E0609", 1], ["failing test `tests::the_description_names_the_user_and_the_age`", 1]])
+    );
+
+    let bad = row(&summary, "01", "bad-coder");
+    assert_eq!(
+        (bad["trials"].as_u64(), bad["passed"].as_u64(), bad["passed_check"].as_u64()),
+        (Some(5), Some(0), Some(0))
+    );
+    assert_eq!(bad["passed_tests"], 0);
+    assert_eq!(bad["median_calls"], 4, "the whole budget: {bad:#}");
+    assert_eq!(bad["failures"], json!([["no finish", 5]]));
+    assert_eq!(bad["distinct_outputs"], 0);
+
+    // Every trial sent its own seed to its own model: 10..=14, each model.
+    let mut seen: Vec<(String, u64)> = server.requests()[recorded_requests..]
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.json())
+        .filter(|b| b["messages"].as_array().is_some_and(|m| m.iter().all(|m| m["role"] != "assistant")))
+        .map(|b| (b["model"].as_str().unwrap().to_string(), b["options"]["seed"].as_u64().unwrap()))
+        .collect();
+    seen.sort();
+    let expected: Vec<(String, u64)> =
+        ["bad-coder", "good-coder"].iter().flat_map(|m| (10..15).map(move |s| (m.to_string(), s))).collect();
+    assert_eq!(seen, expected);
+    // Spent and kept: the records name every trial; the transcripts are there for `log`.
+    assert_eq!(summary["spent"]["model_calls"], 5 * 2 + 5 * 4);
+    let run = summary["run"].as_str().unwrap().to_string();
+    let run_dir = support::shared_target().join("promptgen/eval").join(&run);
+    let trials = std::fs::read_to_string(run_dir.join("trials.jsonl")).unwrap();
+    assert_eq!(trials.lines().count(), 10, "{trials}");
+    assert!(run_dir.join("transcripts/01.m0.s12.jsonl").is_file());
+    assert_eq!(std::fs::read_to_string(run_dir.join("trees/01.m0.s13/user_json.rs")).unwrap(), WRONG);
+    let out = promptgen(&package, &server, &["log", "--eval", &run, "01.m0.s12", "--color", "never"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let log = stdout(&out);
+    for phrase in ["step 01.m0.s12 · failed", "good-coder · native protocol · seed 12", "error[E0609]: no field `nmae`"]
+    {
+        assert!(log.contains(phrase), "expected `{phrase}` in:\n{log}");
+    }
+
+    // Nothing of the package changed: lock, store, sources. No pending area either.
+    assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new());
+    assert!(!pending_dir(&package).exists(), "eval must not leave pending results");
+
+    // The table for people, and the same numbers again from the records without a trial
+    // (`--resume` of a finished run runs nothing).
+    let requests = server.requests().len();
+    let out = promptgen(&package, &server, &["eval", "--resume", &run, "--format", "md"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), requests, "a finished run has nothing left to run");
+    let md = stdout(&out);
+    assert!(md.contains("| step | model | trials | check | tests | pass@1 | 95% CI | pass^k |"), "{md}");
+    assert!(md.contains("| 01 | good-coder | 5 | 4/5 | 3/5 | 60% | 23%–88% | 0.10 (k=3) | 3 |"), "{md}");
+    assert!(md.contains("| 01 | bad-coder | 5 | 0/5 | 0/5 | 0% | 0%–43% |"), "{md}");
+    assert!(md.contains("- 01 · bad-coder: no finish (5)"), "{md}");
+    let out = promptgen(&package, &server, &["eval", "--resume", &run, "--format", "junit"]);
+    let junit = stdout(&out);
+    assert!(junit.contains("<testsuite name=\"step 01 · good-coder\" tests=\"5\" failures=\"2\">"), "{junit}");
+    assert!(junit.contains("<failure message=\"compiler error E0609\">"), "{junit}");
+
+    // Thresholds: a flag, per step × model and never on an average.
+    let out = promptgen(&package, &server, &["eval", "--resume", &run, "--min-pass-rate", "0.5"]);
+    assert_eq!(out.status.code(), Some(1), "bad-coder is below 50 %: {}", text(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("error: step 01 with model `bad-coder` passed 0 of 5 trials (0%), below its min_pass_rate of 50%"),
+        "{err}"
+    );
+    assert!(!err.contains("model `good-coder` passed"), "good-coder meets 50 %: {err}");
+    assert!(stdout(&out).contains("01 · good-coder: pass@1 60% meets min_pass_rate 50%"), "{}", text(&out));
+
+    // ... and from Cargo.toml, with a per-step override.
+    let manifest = package.read("Cargo.toml");
+    package.write(
+        "Cargo.toml",
+        &format!("{manifest}\n[package.metadata.promptgen.eval]\nmin_pass_rate = 0.9\nsteps = {{ \"01\" = 0.0 }}\n"),
+    );
+    let out = promptgen(&package, &server, &["eval", "--resume", &run]);
+    assert_eq!(out.status.code(), Some(0), "step 01's own threshold is 0: {}", text(&out));
+    package.write("Cargo.toml", &format!("{manifest}\n[package.metadata.promptgen.eval]\nmin_pass_rate = 0.6\n"));
+    let out = promptgen(&package, &server, &["eval", "--resume", &run]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(stderr(&out).contains("model `bad-coder` passed 0 of 5"), "{}", text(&out));
+    assert!(!stderr(&out).contains("model `good-coder` passed"), "60 % meets 0.6: {}", text(&out));
+    package.write("Cargo.toml", &manifest);
+
+    // --replay: no model is called, and the kept files are judged by today's tests. Drop the
+    // test that the wrong description failed: that trial now passes; the typo still fails,
+    // and bad-coder's trials, which never asked to finish, keep their outcome.
+    package.write("src/main.rs", &MAIN.replace("\"Ada (36)\"", "generated::user_json::describe(&ada())"));
+    let requests = server.requests().len();
+    let out = promptgen(&package, &server, &["eval", "--replay", &run, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), requests, "--replay calls no model");
+    let replayed = json_of(&out);
+    assert_eq!(replayed["plan"]["replay_of"], run.as_str());
+    let good = row(&replayed, "01", "good-coder");
+    assert_eq!((good["passed"].as_u64(), good["passed_check"].as_u64()), (Some(4), Some(4)), "{good:#}");
+    assert_eq!(good["failures"], json!([["compiler error E0609", 1]]));
+    assert_eq!(row(&replayed, "01", "bad-coder")["failures"], json!([["no finish", 5]]));
+    assert_eq!(replayed["spent"]["model_calls"], summary["spent"]["model_calls"], "what the trials cost then");
+    package.write("src/main.rs", MAIN);
+
+    // --chain: each trial runs 01 then 02 on what 01 wrote in the same trial.
+    let requests = server.requests().len();
+    let out = promptgen(&package, &server, &["eval", "--chain", "--seeds", "2", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let chained = json_of(&out);
+    for step in ["01", "02", "chain"] {
+        let row = row(&chained, step, "good-coder");
+        assert_eq!((row["trials"].as_u64(), row["passed"].as_u64()), (Some(2), Some(2)), "{step}: {row:#}");
+    }
+    assert_eq!(server.requests().len() - requests, 2 * 2 * 2, "two steps of two calls, twice");
+
+    assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new());
+    assert!(!pending_dir(&package).exists());
+}
+
+#[test]
+fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
+    let server = server();
+    // Each model call takes a while, so the run is still going when it is interrupted.
+    server.set_latency(Duration::from_millis(150));
+    let package = package(METADATA);
+
+    // Nothing is recorded yet: step 02 has nothing to start from, and says what to do.
+    let out = promptgen(&package, &server, &["eval", "--step", "02"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("step `02` runs after step `01`, which has no recorded output"), "{err}");
+    assert!(err.contains("--chain"), "{err}");
+    assert_eq!(server.requests().len(), 0);
+
+    let mut child = package
+        .promptgen(&["eval", "--step", "01", "--model", "bad-coder", "--seeds", "6"])
+        .env("PROMPTGEN_BASE_URL", server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let runs = support::shared_target().join("promptgen/eval");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let trials_file = loop {
+        let found = std::fs::read_dir(&runs).into_iter().flatten().flatten().find_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let file = entry.path().join("trials.jsonl");
+            (name.starts_with(&format!("{}-", package.name))
+                && std::fs::read_to_string(&file).is_ok_and(|t| t.lines().count() >= 2))
+            .then_some(file)
+        });
+        if let Some(file) = found {
+            break file;
+        }
+        assert!(Instant::now() < deadline, "no trial finished in time");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let _ = child.wait();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("trials were not run; `cargo promptgen eval --resume"), "{err}");
+    let done: Vec<Value> =
+        std::fs::read_to_string(&trials_file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(done.len() >= 2 && done.len() < 6, "interrupted part-way: {}", done.len());
+    let finished_seeds: Vec<u64> = done.iter().map(|t| t["seed"].as_u64().unwrap()).collect();
+
+    let requests = server.requests().len();
+    let out = promptgen(&package, &server, &["eval", "--resume", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let summary = json_of(&out);
+    assert_eq!(row(&summary, "01", "bad-coder")["trials"], 6, "{summary:#}");
+    // Only the trials left ran: four calls each, and none with a finished trial's seed.
+    let resumed: Vec<Value> = server.requests()[requests..].iter().map(|r| r.json()).collect();
+    assert_eq!(resumed.len(), 4 * (6 - done.len()), "{}", text(&out));
+    for body in &resumed {
+        let seed = body["options"]["seed"].as_u64().unwrap();
+        assert!(!finished_seeds.contains(&seed), "seed {seed} ran again");
+    }
+
+    // Seeds mean little at temperature 0 on Ollama: the run says so.
+    let out = promptgen(
+        &package,
+        &server,
+        &["eval", "--step", "01", "--model", "bad-coder", "--seeds", "2", "--temperature", "0"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("warning: step 01 samples at temperature 0 on Ollama, which then often ignores the seed"),
+        "{}",
+        text(&out)
+    );
+
+    let lines = std::fs::read_to_string(&trials_file).unwrap();
+    let mut names: Vec<&str> =
+        lines.lines().map(|l| l.split("\"trial\":\"").nth(1).unwrap().split('"').next().unwrap()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 6, "each trial once: {lines}");
+}
