@@ -94,7 +94,8 @@ fn user_json_for(seed: u64) -> &'static str {
 /// `bad-coder` only ever answers in prose, so it never finishes.
 fn answer(body: &Value) -> Option<Reply> {
     let model = body["model"].as_str()?;
-    let seed = body["options"]["seed"].as_u64()?;
+    // Ollama sends the seed in `options`, OpenAI-compatible servers at the top level.
+    let seed = body["options"]["seed"].as_u64().or_else(|| body["seed"].as_u64())?;
     let messages = body["messages"].as_array()?;
     let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
     let text = body.to_string();
@@ -370,6 +371,19 @@ fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
         stderr(&out).contains("warning: step 01 samples at temperature 0 on Ollama, which then often ignores the seed"),
+        "{}",
+        text(&out)
+    );
+
+    // ... and at temperature 0 on an OpenAI-compatible server, which decodes greedily.
+    let out = promptgen(
+        &package,
+        &server,
+        &["eval", "--step", "01", "--model", "bad-coder", "--seeds", "2", "--temperature", "0", "--backend", "openai"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("warning: step 01 samples at temperature 0 (greedy decoding: llama.cpp's server"),
         "{}",
         text(&out)
     );

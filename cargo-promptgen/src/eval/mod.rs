@@ -460,33 +460,35 @@ pub fn warnings(chain: &Chain, plan: &RunPlan) -> Vec<String> {
     if plan.replay_of.is_some() {
         return warnings;
     }
-    match chain.backend {
-        BackendKind::Ollama => {
-            let greedy: Vec<&str> = plan
-                .steps
-                .iter()
-                .filter_map(|id| chain.step(id))
-                .filter(|s| plan.temperature.or(s.temperature) == Some(0.0))
-                .map(|s| s.id.as_str())
-                .collect();
-            if !greedy.is_empty() && plan.seeds > 1 {
-                warnings.push(format!(
-                    "step{} {} sample{} at temperature 0 on Ollama, which then often ignores the seed: the {} seeds may \
-                     measure one output {} times. `--temperature 0.7` (or any value above 0) shows the spread.",
-                    if greedy.len() == 1 { "" } else { "s" },
-                    greedy.join(", "),
-                    if greedy.len() == 1 { "s" } else { "" },
-                    plan.seeds,
-                    plan.seeds
-                ));
-            }
+    // Temperature 0 is greedy decoding: llama.cpp's server and vLLM then ignore the seed, and
+    // Ollama often does.
+    let ignores_seed = match chain.backend {
+        BackendKind::Ollama => "on Ollama, which then often ignores the seed",
+        BackendKind::OpenAi => "(greedy decoding: llama.cpp's server and vLLM then ignore the seed)",
+        BackendKind::Scripted => {
+            warnings.push(
+                "the scripted backend replays the same turns whatever the seed: every trial of a step measures the \
+                 same script"
+                    .into(),
+            );
+            return warnings;
         }
-        BackendKind::Scripted => warnings.push(
-            "the scripted backend replays the same turns whatever the seed: every trial of a step measures the same \
-             script"
-                .into(),
-        ),
-        _ => {}
+    };
+    let greedy: Vec<&str> = plan
+        .steps
+        .iter()
+        .filter_map(|id| chain.step(id))
+        .filter(|s| plan.temperature.or(s.temperature) == Some(0.0))
+        .map(|s| s.id.as_str())
+        .collect();
+    if !greedy.is_empty() && plan.seeds > 1 {
+        let (steps, samples) = if greedy.len() == 1 { ("step", "samples") } else { ("steps", "sample") };
+        warnings.push(format!(
+            "{steps} {} {samples} at temperature 0 {ignores_seed}: the {seeds} seeds may measure one output {seeds} \
+             times. `--temperature 0.7` (or any value above 0) shows the spread.",
+            greedy.join(", "),
+            seeds = plan.seeds,
+        ));
     }
     warnings
 }
