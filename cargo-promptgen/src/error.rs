@@ -20,7 +20,7 @@ pub enum Error {
     Fs(#[from] FsError),
     /// The `[package.metadata.promptgen]` declaration is wrong.
     #[error(transparent)]
-    Config(Box<ConfigError>),
+    Config(#[from] ConfigError),
     /// `promptgen.lock` cannot be read.
     #[error("the lock `{}` is damaged: {detail}\nRestore it from version control (`git checkout -- promptgen.lock`), or record every step again with `cargo promptgen --force`.", path.display())]
     DamagedLock {
@@ -226,12 +226,6 @@ pub enum Error {
 impl From<crate::remote::RemoteError> for Error {
     fn from(error: crate::remote::RemoteError) -> Error {
         Error::Remote(Box::new(error))
-    }
-}
-
-impl From<ConfigError> for Error {
-    fn from(error: ConfigError) -> Error {
-        Error::Config(Box::new(error))
     }
 }
 

@@ -136,7 +136,7 @@ mod sync;
 
 pub use build_script::{BuildReport, Builder, build};
 pub use codegen_core::FsError;
-pub use config::{ConfigError, Location};
+pub use config::{ConfigError, ConfigErrorKind, Location};
 pub use error::{Error, StaleStep};
 
 /// Not API. The `cargo promptgen` binary, the benchmarks and the tests use the internals

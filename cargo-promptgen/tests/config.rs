@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cargo_promptgen::__private::config::{self, Chain, ConfigError, Origin, Overrides};
+use cargo_promptgen::__private::config::{self, Chain, ConfigError, ConfigErrorKind, Origin, Overrides};
 use codegen_core::ToolProtocol;
 use codegen_core::backend::{BackendConfig, BackendKind};
 use tempfile::TempDir;
@@ -438,7 +438,7 @@ fn an_unreadable_manifest_names_the_file() {
     let fx = Fixture::new();
     let missing = fx.path("nowhere/Cargo.toml");
     let err = load_err(&missing, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Read { .. }), "{err:?}");
     assert_mentions(&err, &["nowhere/Cargo.toml", "cannot read"]);
     assert_eq!(err.file(), missing);
     assert_eq!(err.key(), None);
@@ -449,7 +449,7 @@ fn a_manifest_that_is_not_toml_gives_the_line() {
     let fx = Fixture::new();
     let manifest = fx.package("[package.metadata.promptgen]\nmodel = \n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Parse { .. }), "{err:?}");
     assert_mentions(&err, &["pkg/Cargo.toml", "not valid TOML", "line 6"]);
 }
 
@@ -459,7 +459,7 @@ fn a_broken_workspace_manifest_names_its_file() {
     fx.write("Cargo.toml", "[workspace\n");
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Parse { .. }), "{err:?}");
     assert_eq!(err.file(), fx.path("Cargo.toml"));
 }
 
@@ -468,11 +468,11 @@ fn a_manifest_without_package_name() {
     let fx = Fixture::new();
     let manifest = fx.write("pkg/Cargo.toml", "[package]\nversion = \"0.1.0\"\n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::NoPackage { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::NoPackage), "{err:?}");
     assert_mentions(&err, &["pkg/Cargo.toml", "`package.name`", "package manifest"]);
 
     let err = load_err(&fx.path("Cargo.toml"), &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::NoPackage { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::NoPackage), "{err:?}");
 }
 
 #[test]
@@ -480,16 +480,16 @@ fn a_package_without_a_chain_is_told_how_to_declare_one() {
     let fx = Fixture::new();
     let manifest = fx.package("[package.metadata.other]\nx = 1\n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::NoChain { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::NoChain), "{err:?}");
     assert_mentions(&err, &["pkg/Cargo.toml", "[package.metadata.promptgen]", "[[package.metadata.promptgen.steps]]"]);
     assert_eq!(err.key(), Some("package.metadata.promptgen"));
 
     let manifest = fx.package("");
-    assert!(matches!(load_err(&manifest, &Overrides::default(), NONE), ConfigError::NoChain { .. }));
+    assert!(matches!(load_err(&manifest, &Overrides::default(), NONE).kind(), ConfigErrorKind::NoChain));
 
     let manifest = fx.package("[package.metadata]\npromptgen = true\n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::WrongType { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::WrongType { .. }), "{err:?}");
     assert_mentions(&err, &["`package.metadata.promptgen`", "a table", "boolean"]);
 }
 
@@ -498,7 +498,7 @@ fn unknown_keys_list_the_known_ones_and_suggest_the_closest() {
     let fx = Fixture::new();
     let manifest = fx.package(&one_step("model = \"m\"\nmax_step = 3", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::UnknownKey { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::UnknownKey { .. }), "{err:?}");
     assert_mentions(
         &err,
         &[
@@ -535,7 +535,7 @@ fn unknown_workspace_keys_name_the_workspace_manifest() {
     let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nmodle = \"m\"\n");
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::UnknownKey { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::UnknownKey { .. }), "{err:?}");
     assert_mentions(&err, &["workspace.metadata.promptgen.modle", "did you mean `model`?"]);
     assert_eq!(err.file(), fx.path("Cargo.toml"));
 
@@ -569,7 +569,7 @@ fn wrong_types_say_what_is_expected() {
         };
         let manifest = fx.package(&text);
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::WrongType { .. }), "{line}: {err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::WrongType { .. }), "{line}: {err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", &format!("`{key}`"), expected, found]);
     }
 
@@ -582,7 +582,7 @@ fn wrong_types_say_what_is_expected() {
     assert_mentions(&err, &["`package.metadata.promptgen.steps[0].inputs`", "an array"]);
     let manifest = fx.package(&one_step("model = \"m\"", "id = 1"));
     // `id` is set twice there; build the step by hand instead.
-    assert!(matches!(load_err(&manifest, &Overrides::default(), NONE), ConfigError::Parse { .. }));
+    assert!(matches!(load_err(&manifest, &Overrides::default(), NONE).kind(), ConfigErrorKind::Parse { .. }));
     let manifest = fx.package(
         "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = 1\nprompt = \"../prompts/01.md\"\n",
     );
@@ -595,7 +595,7 @@ fn bad_enum_values_list_the_allowed_ones() {
     let fx = Fixture::new();
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"llamacpp\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidValue { .. }), "{err:?}");
     assert_mentions(
         &err,
         &[
@@ -632,7 +632,7 @@ fn out_of_range_numbers() {
         let manifest =
             fx.package(&one_step(&format!("model = \"m\"\n{line}").replacen("model = \"m\"\nmodel", "model", 1), ""));
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::InvalidValue { .. }), "{line}: {err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::InvalidValue { .. }), "{line}: {err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", key, expected]);
     }
     // A step's own max_model_calls too.
@@ -649,7 +649,7 @@ fn empty_or_missing_steps() {
     {
         let manifest = fx.package(text);
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::Missing { .. }), "{err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps`", "at least one step"]);
     }
 }
@@ -660,13 +660,13 @@ fn missing_id_or_prompt() {
     let manifest =
         fx.package("[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nprompt = \"../prompts/01.md\"\n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Missing { .. }), "{err:?}");
     assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].id`", "id = \"01\""]);
 
     let manifest =
         fx.package("[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\n");
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Missing { .. }), "{err:?}");
     assert_mentions(
         &err,
         &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].prompt`", "step `01`", "prompt = "],
@@ -683,7 +683,7 @@ fn duplicate_and_malformed_ids() {
          [[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"../prompts/10.md\"\n",
     );
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::DuplicateId { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::DuplicateId { .. }), "{err:?}");
     assert_mentions(
         &err,
         &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[2].id`", "`01`", "steps[0].id", "unique"],
@@ -694,7 +694,7 @@ fn duplicate_and_malformed_ids() {
             "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = {bad:?}\nprompt = \"../prompts/01.md\"\n"
         ));
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::InvalidValue { .. }), "{bad}: {err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::InvalidValue { .. }), "{bad}: {err:?}");
         assert_mentions(
             &err,
             &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].id`", "letters, digits, `_` and `-`"],
@@ -726,7 +726,7 @@ fn missing_files_name_the_resolved_path() {
         };
         let manifest = fx.package(&text);
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::FileNotFound { .. }), "{line}: {err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::FileNotFound { .. }), "{line}: {err:?}");
         let resolved = fx.path(resolved);
         assert_mentions(
             &err,
@@ -751,7 +751,7 @@ fn missing_files_name_the_resolved_path() {
     let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nsystem_prompt = \"prompts/none.md\"\n");
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::FileNotFound { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::FileNotFound { .. }), "{err:?}");
     assert_eq!(err.file(), fx.path("Cargo.toml"));
     assert_mentions(
         &err,
@@ -766,7 +766,7 @@ fn a_prompt_that_is_a_folder() {
         "[package.metadata.promptgen]\nmodel = \"m\"\n[[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"../prompts\"\n",
     );
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::NotAFile { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::NotAFile { .. }), "{err:?}");
     assert_mentions(
         &err,
         &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].prompt`", "is a folder", "must be a file"],
@@ -792,7 +792,7 @@ fn bad_output_and_input_paths() {
     for (line, key, reason) in cases {
         let manifest = fx.package(&one_step("model = \"m\"", line));
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::BadPath { .. }), "{line}: {err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::BadPath { .. }), "{line}: {err:?}");
         assert_mentions(&err, &["pkg/Cargo.toml", &format!("`package.metadata.promptgen.steps[0].{key}`"), reason]);
     }
 }
@@ -806,7 +806,7 @@ fn a_missing_model_names_the_key_and_the_steps() {
          [[package.metadata.promptgen.steps]]\nid = \"02\"\nprompt = \"../prompts/02.md\"\n",
     );
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::MissingModel { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::MissingModel { .. }), "{err:?}");
     assert_mentions(&err, &["pkg/Cargo.toml", "`package.metadata.promptgen.model`", "`02`", "PROMPTGEN_MODEL"]);
     assert!(!err.to_string().contains("`01`"), "{err}");
 
@@ -820,7 +820,7 @@ fn the_scripted_backend_needs_a_script_per_step() {
     let fx = Fixture::new();
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"scripted\"", ""));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::MissingScript { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::MissingScript { .. }), "{err:?}");
     assert_mentions(
         &err,
         &["pkg/Cargo.toml", "`package.metadata.promptgen.steps[0].script`", "step `01`", "(from package metadata)"],
@@ -837,7 +837,7 @@ fn an_invalid_backend_variable_or_flag_is_named() {
     let fx = Fixture::new();
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let err = load_err(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "llama")]);
-    assert!(matches!(err, ConfigError::Env { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Env { .. }), "{err:?}");
     assert_mentions(
         &err,
         &["PROMPTGEN_BACKEND", "\"llama\"", "\"ollama\", \"openai\", \"scripted\"", "pkg/Cargo.toml"],
@@ -845,7 +845,7 @@ fn an_invalid_backend_variable_or_flag_is_named() {
     assert_eq!(err.key(), Some("PROMPTGEN_BACKEND"));
 
     let err = load_err(&manifest, &flags(Some("Ollama"), None, None), NONE);
-    assert!(matches!(err, ConfigError::Flag { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::Flag { .. }), "{err:?}");
     assert_mentions(&err, &["--backend", "\"Ollama\"", "\"ollama\", \"openai\", \"scripted\""]);
 }
 
@@ -909,7 +909,7 @@ fn max_steps_is_the_old_name_of_max_model_calls() {
     // The old name is checked like the new one, and named as written.
     let manifest = fx.package(&one_step("model = \"m\"", "max_steps = 0"));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidValue { .. }), "{err:?}");
     assert_mentions(&err, &["`package.metadata.promptgen.steps[0].max_steps` = 0", "at least 1"]);
 
     // Both names in one table: an error naming both, at the second.
@@ -919,7 +919,7 @@ fn max_steps_is_the_old_name_of_max_model_calls() {
     ] {
         let manifest = fx.package(&one_step(chain, step));
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::SetTwice { .. }), "{err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::SetTwice { .. }), "{err:?}");
         assert_mentions(&err, &[&format!("`{table}.max_model_calls`"), &format!("`{table}.max_steps`"), "old name"]);
         assert_eq!(err.location().map(|l| l.to_string()).as_deref(), Some(at), "{err}");
         assert_eq!(err.key(), Some(format!("{table}.max_model_calls").as_str()));
@@ -1014,7 +1014,7 @@ fn an_excluded_package_without_another_workspace_inherits_nothing() {
     let manifest = root.join("nested/Cargo.toml");
     assert_eq!(cargo_workspace_root(&manifest), root.join("nested"));
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::MissingModel { .. }), "not the excluding workspace's model: {err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::MissingModel { .. }), "not the excluding workspace's model: {err:?}");
 
     layout(root, &[("nested/Cargo.toml", &member("nested", "edition = \"2021\"", "model = \"own\""))]);
     let chain = load_like_cargo(&manifest);
@@ -1050,11 +1050,11 @@ fn package_workspace_names_the_root_over_a_nearer_workspace() {
     layout(root, &[("pkgs/a/Cargo.toml", &member("a", "workspace = \"../..\"", "model = \"m\""))]);
     std::fs::write(root.join("Cargo.toml"), "[package]\nname = \"top\"\n").unwrap();
     let err = load_err(&root.join("pkgs/a/Cargo.toml"), &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::InvalidValue { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidValue { .. }), "{err:?}");
     assert_mentions(&err, &["pkgs/a/Cargo.toml:4:13`", "`package.workspace` = \"../..\"", "no `[workspace]` table"]);
     layout(root, &[("pkgs/a/Cargo.toml", &member("a", "workspace = \"../nowhere\"", "model = \"m\""))]);
     let err = load_err(&root.join("pkgs/a/Cargo.toml"), &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::FileNotFound { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::FileNotFound { .. }), "{err:?}");
     assert_mentions(&err, &["`package.workspace`", "workspace root's manifest", "does not exist"]);
 }
 
@@ -1096,7 +1096,7 @@ fn a_path_that_cannot_be_looked_at_says_why_not_that_it_does_not_exist() {
         };
         let manifest = fx.package(&text);
         let err = load_err(&manifest, &Overrides::default(), NONE);
-        assert!(matches!(err, ConfigError::Unreadable { .. }), "{line}: {err:?}");
+        assert!(matches!(err.kind(), ConfigErrorKind::Unreadable { .. }), "{line}: {err:?}");
         let resolved = fx.path(resolved).display().to_string();
         assert_mentions(&err, &[&format!("package.metadata.promptgen.{key}`"), &resolved, what, "Not a directory"]);
         assert!(!err.to_string().contains("does not exist"), "{err}");
@@ -1123,7 +1123,7 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     // target...
     symlink(fx.path("prompts/shared"), fx.path("pkg/src/outside")).unwrap();
     let err = load_err(&manifest, &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::InputLink { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::InputLink { .. }), "{err:?}");
     assert_mentions(
         &err,
         &["Cargo.toml:11:11`", "`package.metadata.promptgen.steps[0].inputs[0]`", "src/outside`", "prompts/shared`"],
@@ -1190,7 +1190,7 @@ fn eval_mistakes_name_their_key_line_and_column() {
     // Per-step rates name one package's steps: not the workspace's to set.
     let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen.eval]\nsteps = { \"01\" = 0.5 }\n");
     let err = load_err(&fx.package(&chain), &Overrides::default(), NONE);
-    assert!(matches!(err, ConfigError::UnknownKey { .. }), "{err:?}");
+    assert!(matches!(err.kind(), ConfigErrorKind::UnknownKey { .. }), "{err:?}");
     assert_eq!(err.file(), fx.path("Cargo.toml"));
     assert_mentions(
         &err,

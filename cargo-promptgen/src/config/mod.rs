@@ -74,10 +74,11 @@
 //! the package (or that names its own root with `package.workspace`). A caller that knows the
 //! root (from `cargo metadata`) passes it in [`Overrides::workspace_root`].
 //!
-//! Each key is declared once, in this module's `ChainTable` and `StepTable` (the keys they
+//! Each key is declared once, in `schema.rs`'s `ChainTable` and `StepTable` (the keys they
 //! share in `with_shared_keys!`); serde reads them and `serde_ignored` reports the keys nobody
-//! declared. What serde cannot know is checked here by hand: files that must exist,
-//! the rules for paths, value ranges, the order of the layers and where each value came from.
+//! declared. What serde cannot know is checked by hand (`tables.rs`, `after.rs`,
+//! `workspace.rs`): files that must exist, the rules for paths, value ranges, the order of the
+//! layers and where each value came from.
 //!
 //! # Precedence
 //!
@@ -102,14 +103,9 @@
 //!
 //! A symbolic link inside an input folder is followed when it leads inside the package folder
 //! (or inside that input folder); a link that leads anywhere else, to nothing, or to a folder
-//! that holds it is a [`ConfigError::InputLink`] naming the link and its target. The
+//! that holds it is a [`ConfigErrorKind::InputLink`] naming the link and its target. The
 //! fingerprint and the sandbox walk input folders by the same rule
 //! (`codegen_core::sandbox::input_files`).
-#![allow(
-    clippy::result_large_err,
-    reason = "a `ConfigError` is made once, when a load fails, and travels a few frames: its size costs nothing \
-              measurable, while boxing its variants would change every match on them"
-)]
 
 mod after;
 mod edit;
@@ -122,7 +118,7 @@ mod workspace;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -130,16 +126,17 @@ use codegen_core::ToolProtocol;
 use codegen_core::backend::ollama::{self, parse_host};
 use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, openai};
 use serde::Deserialize;
+use toml::Spanned;
 
 use crate::cache::CacheUrl;
 use crate::graph::Graph;
 
-use after::resolve_graph;
+use after::{GraphDecl, resolve_graph};
 pub use edit::with_store;
-pub use error::{ConfigError, CycleLink, Location};
+pub use error::{ConfigError, ConfigErrorKind, CycleLink, Location};
 use paths::absolute;
 use schema::{ChainTable, JOBS_EXPECTED, Manifest, one_of, parse_word};
-use source::{Doc, Level, Source, unknown_key_error};
+use source::Source;
 use tables::{Ctx, Layer, check_steps, eval_settings, value};
 use workspace::{find_workspace, package_edition};
 
@@ -171,7 +168,7 @@ pub enum StoreMode {
     /// In the package's `promptgen/` folder, committed beside the lock.
     #[default]
     Repo,
-    /// In the content-addressed cache ([`crate::cache`]); only the lock is committed.
+    /// In the content-addressed cache (`crate::cache`); only the lock is committed.
     Cache,
 }
 
@@ -493,21 +490,19 @@ pub fn load(
         manifest_path.push("Cargo.toml");
     }
     let src = Source::read(&manifest_path)?;
-    let file = manifest_path.as_path();
-    let package_dir = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let package_dir = manifest_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let manifest: Manifest = src.parse(&[PACKAGE_PREFIX, WORKSPACE_PREFIX])?;
 
-    let no_package = |at| ConfigError::NoPackage { file: file.into(), at, key: "package.name".into() };
-    let package = manifest.package.as_ref().ok_or_else(|| no_package(Location { line: 1, column: 1 }))?;
-    let package_name =
-        package.get_ref().name.as_ref().ok_or_else(|| no_package(src.at_span(package)))?.get_ref().clone();
-    let chain_table = package.get_ref().metadata.as_ref().and_then(|m| m.promptgen.as_ref()).ok_or_else(|| {
-        ConfigError::NoChain { file: file.into(), at: src.at_span(package), key: PACKAGE_PREFIX.into() }
-    })?;
+    let no_package = |offset| src.error(offset, "package.name", ConfigErrorKind::NoPackage);
+    let package = manifest.package.as_ref().ok_or_else(|| no_package(0))?;
+    let package_at = package.span().start;
+    let package_name = package.get_ref().name.as_ref().ok_or_else(|| no_package(package_at))?.get_ref().clone();
+    let chain_table = package.get_ref().metadata.as_ref().and_then(|m| m.promptgen.as_ref());
+    let chain_table = chain_table.ok_or_else(|| src.error(package_at, PACKAGE_PREFIX, ConfigErrorKind::NoChain))?;
 
     let package_ctx = Ctx { src: &src, prefix: PACKAGE_PREFIX.into(), base: &package_dir };
-    let package_layer = Layer::check(&package_ctx, chain_table.get_ref(), Origin::Package)?;
-    let declared = check_steps(&package_ctx, chain_table)?;
+    let package_layer = Layer::check(package_ctx, chain_table.get_ref(), Origin::Package)?;
+    let declared = check_steps(&package_layer.ctx, chain_table)?;
 
     let workspace = find_workspace(&src, &manifest, &package_dir, overrides.workspace_root.as_deref())?;
     let workspace_table = workspace.as_ref().and_then(|ws| {
@@ -522,105 +517,90 @@ pub fn load(
         && let Some(chain) = table.metadata.as_ref().and_then(|m| m.promptgen.as_ref())
     {
         let ctx = Ctx { src: ws_src, prefix: WORKSPACE_PREFIX.into(), base: root };
+        // Steps, and the rates of steps, belong to one package.
         if let Some(steps) = &chain.get_ref().steps {
-            let at = ws_src
-                .at(Doc::parse(&ws_src.text).and_then(|d| d.key_span(&ctx.key("steps"))).unwrap_or(steps.span()).start);
-            return Err(unknown_key_error(&ws_src.file, at, Level::Workspace, WORKSPACE_PREFIX, "steps"));
+            return Err(ws_src.unknown_key(&ctx.key("steps"), steps.span().start));
         }
         if let Some(steps) = chain.get_ref().eval.as_ref().and_then(|e| e.get_ref().steps.as_ref()) {
-            let key = ctx.key("eval.steps");
-            let at = ws_src.at(Doc::parse(&ws_src.text).and_then(|d| d.key_span(&key)).unwrap_or(steps.span()).start);
-            return Err(unknown_key_error(&ws_src.file, at, Level::WorkspaceEval, &ctx.key("eval"), "steps"));
+            return Err(ws_src.unknown_key(&ctx.key("eval.steps"), steps.span().start));
         }
-        layers.push(Layer::check(&ctx, chain.get_ref(), Origin::Workspace)?);
+        layers.push(Layer::check(ctx, chain.get_ref(), Origin::Workspace)?);
     }
     // The first layer that sets a chain-level value, with its origin.
     fn pick<T>(layers: &[Layer<'_>], get: impl Fn(&ChainTable) -> Option<T>) -> Option<(T, Origin)> {
         layers.iter().find_map(|layer| get(layer.table).map(|v| (v, layer.origin)))
     }
+    // The first layer's value of a key, alone.
+    fn first<T: Copy>(layers: &[Layer<'_>], key: impl Fn(&ChainTable) -> &Option<Spanned<T>>) -> Option<T> {
+        layers.iter().find_map(|layer| value(key(layer.table)))
+    }
 
     let flag = |value: &Option<String>| value.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_string);
     let var = |name: &'static str| env(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    // The flag's value, else the variable's, with its origin.
+    let given = |value: &Option<String>, name: &'static str| {
+        flag(value).map(|v| (v, Origin::Flag)).or_else(|| var(name).map(|v| (v, Origin::Env(name))))
+    };
+    // A flag or a variable (`key`) whose value cannot be used: not in the file.
+    let refused = |key: &str, kind| ConfigError::new(&manifest_path, None, Some(key.into()), kind);
 
-    // Backend.
-    let backend_expected = || one_of::<BackendKind>();
-    let (backend, backend_origin) = if let Some(value) = flag(&overrides.backend) {
-        let kind = parse_word::<BackendKind>(&value).map_err(|_| ConfigError::Flag {
-            file: file.into(),
-            key: "--backend".into(),
-            value: value.clone(),
-            expected: backend_expected(),
-        })?;
-        (kind, Origin::Flag)
-    } else if let Some(value) = var("PROMPTGEN_BACKEND") {
-        let kind = parse_word::<BackendKind>(&value).map_err(|_| ConfigError::Env {
-            file: file.into(),
-            key: "PROMPTGEN_BACKEND".into(),
-            value: value.clone(),
-            expected: backend_expected(),
-        })?;
-        (kind, Origin::Env("PROMPTGEN_BACKEND"))
-    } else {
-        pick(&layers, |t| value(&t.backend)).unwrap_or((BackendKind::Ollama, Origin::Default))
+    let (backend, backend_origin) = match given(&overrides.backend, "PROMPTGEN_BACKEND") {
+        Some((value, origin)) => {
+            let kind = parse_word::<BackendKind>(&value).map_err(|_| {
+                let expected = one_of::<BackendKind>();
+                match origin {
+                    Origin::Env(name) => refused(name, ConfigErrorKind::Env { value: value.clone(), expected }),
+                    _ => refused("--backend", ConfigErrorKind::Flag { value: value.clone(), expected }),
+                }
+            })?;
+            (kind, origin)
+        }
+        None => pick(&layers, |t| value(&t.backend)).unwrap_or((BackendKind::Ollama, Origin::Default)),
     };
 
     // Base URL and key.
-    let backend_var = match backend {
-        BackendKind::Ollama => Some("OLLAMA_HOST"),
-        BackendKind::OpenAi => Some("OPENAI_BASE_URL"),
-        BackendKind::Scripted => None,
+    let backend_url = || {
+        let name = match backend {
+            BackendKind::Ollama => "OLLAMA_HOST",
+            BackendKind::OpenAi => "OPENAI_BASE_URL",
+            BackendKind::Scripted => return None,
+        };
+        let value = var(name)?;
+        Some((if backend == BackendKind::Ollama { parse_host(&value) } else { value }, Origin::Env(name)))
     };
-    let (base_url, base_url_origin) = if let Some(value) = flag(&overrides.base_url) {
-        (Some(value), Origin::Flag)
-    } else if let Some(value) = var("PROMPTGEN_BASE_URL") {
-        (Some(value), Origin::Env("PROMPTGEN_BASE_URL"))
-    } else if let Some((name, value)) = backend_var.and_then(|name| var(name).map(|v| (name, v))) {
-        let value = if backend == BackendKind::Ollama { parse_host(&value) } else { value };
-        (Some(value), Origin::Env(name))
-    } else {
-        match pick(&layers, |t| t.base_url.as_ref().map(|u| u.get_ref().clone())) {
-            Some((url, origin)) => (Some(url), origin),
-            None => (None, Origin::Default),
-        }
+    let (base_url, base_url_origin) = match given(&overrides.base_url, "PROMPTGEN_BASE_URL")
+        .or_else(backend_url)
+        .or_else(|| pick(&layers, |t| t.base_url.as_ref().map(|u| u.get_ref().clone())))
+    {
+        Some((url, origin)) => (Some(url), origin),
+        None => (None, Origin::Default),
     };
     let api_key = if backend == BackendKind::OpenAi { var("OPENAI_API_KEY") } else { None };
 
-    let num_ctx = pick(&layers, |t| value(&t.num_ctx)).map_or(BackendConfig::DEFAULT_NUM_CTX, |(v, _)| v.get());
-    let max_output_tokens = pick(&layers, |t| value(&t.max_output_tokens))
-        .map_or(BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS, |(v, _)| v.get());
-    let request_timeout = pick(&layers, |t| value(&t.request_timeout_secs))
-        .map_or(HttpConfig::default().request_timeout, |(secs, _)| Duration::from_secs(secs.get()));
-    let first_byte_timeout = pick(&layers, |t| value(&t.first_byte_timeout_secs))
-        .map_or(HttpConfig::default().first_byte_timeout, |(secs, _)| Duration::from_secs(secs.get()));
-    let idle_timeout = pick(&layers, |t| value(&t.idle_timeout_secs))
-        .map_or(HttpConfig::default().idle_timeout, |(secs, _)| Duration::from_secs(secs.get()));
+    let num_ctx = first(&layers, |t| &t.num_ctx).map_or(BackendConfig::DEFAULT_NUM_CTX, NonZeroU32::get);
+    let max_output_tokens =
+        first(&layers, |t| &t.max_output_tokens).map_or(BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS, NonZeroU32::get);
+    let http = HttpConfig::default();
+    let secs = |secs: Option<NonZeroU64>, default| secs.map_or(default, |s| Duration::from_secs(s.get()));
+    let request_timeout = secs(first(&layers, |t| &t.request_timeout_secs), http.request_timeout);
+    let first_byte_timeout = secs(first(&layers, |t| &t.first_byte_timeout_secs), http.first_byte_timeout);
+    let idle_timeout = secs(first(&layers, |t| &t.idle_timeout_secs), http.idle_timeout);
 
     let jobs = if let Some(jobs) = overrides.jobs {
         jobs.get()
     } else if let Some(value) = var("PROMPTGEN_JOBS") {
-        value
-            .parse::<NonZeroU32>()
-            .map_err(|_| ConfigError::Env {
-                file: file.into(),
-                key: "PROMPTGEN_JOBS".into(),
-                value: value.clone(),
-                expected: JOBS_EXPECTED.into(),
-            })?
-            .get()
+        let expected = JOBS_EXPECTED.into();
+        let jobs = value.parse::<NonZeroU32>();
+        jobs.map_err(|_| refused("PROMPTGEN_JOBS", ConfigErrorKind::Env { value: value.clone(), expected }))?.get()
     } else {
-        pick(&layers, |t| value(&t.jobs)).map_or(Chain::DEFAULT_JOBS as u32, |(jobs, _)| jobs.get())
+        first(&layers, |t| &t.jobs).map_or(Chain::DEFAULT_JOBS as u32, NonZeroU32::get)
     };
     let jobs = usize::try_from(jobs).unwrap_or(usize::MAX);
 
-    let model_override = flag(&overrides.model)
-        .map(|m| (m, Origin::Flag))
-        .or_else(|| var("PROMPTGEN_MODEL").map(|m| (m, Origin::Env("PROMPTGEN_MODEL"))));
-
+    let model_override = given(&overrides.model, "PROMPTGEN_MODEL");
     let mut steps = Vec::with_capacity(declared.len());
     let mut without_model = Vec::new();
-    let mut graph_decls = Vec::with_capacity(declared.len());
     for step in declared {
-        graph_decls.push(step.graph);
         // The step's own value, else the first chain-level layer's.
         let own = &step.shared;
         macro_rules! layered {
@@ -637,18 +617,14 @@ pub fn load(
             continue;
         };
         if backend == BackendKind::Scripted && step.script.is_none() {
-            return Err(ConfigError::MissingScript {
-                file: file.into(),
-                at: src.at(step.at),
-                key: format!("{}.script", step.key),
-                step: step.id.clone(),
-                backend: format!("backend `scripted` {}", from_phrase(backend_origin, &step.id)),
-            });
+            let backend = format!("backend `scripted` {}", from_phrase(backend_origin, &step.id));
+            let kind = ConfigErrorKind::MissingScript { step: step.id.clone(), backend };
+            return Err(src.error(step.at, format!("{}.script", step.key), kind));
         }
         let check = layered!(check).unwrap_or_else(|| {
             if step.outputs.iter().any(|o| o.ends_with(".rs")) { CheckSpec::CargoCheck } else { CheckSpec::None }
         });
-        steps.push(StepConfig {
+        let config = StepConfig {
             system_prompt: layered!(system_prompt),
             seed: layered!(seed),
             temperature: layered!(temperature),
@@ -668,35 +644,30 @@ pub fn load(
             // Set with the graph, once every step is known.
             after: Vec::new(),
             after_declared: false,
-        });
+        };
+        steps.push((config, step.graph));
     }
     if !without_model.is_empty() {
-        return Err(ConfigError::MissingModel {
-            file: file.into(),
-            at: src.at_span(chain_table),
-            key: format!("{PACKAGE_PREFIX}.model"),
-            steps: without_model,
-        });
+        let kind = ConfigErrorKind::MissingModel { steps: without_model };
+        return Err(src.error(chain_table.span().start, format!("{PACKAGE_PREFIX}.model"), kind));
     }
-    steps.sort_by(|a, b| a.id.cmp(&b.id));
-    let graph = resolve_graph(&src, &mut steps, graph_decls)?;
-    let eval = eval_settings(&package_ctx, chain_table.get_ref(), &layers, &steps)?;
+    steps.sort_by(|(a, _), (b, _)| a.id.cmp(&b.id));
+    let (mut steps, declared): (Vec<StepConfig>, Vec<GraphDecl>) = steps.into_iter().unzip();
+    let graph = resolve_graph(&src, &mut steps, &declared)?;
+    let eval = eval_settings(&layers, &steps)?;
     let edition = package_edition(&src, package.get_ref(), workspace_table.map(|(_, table, _)| table))?;
 
     // Where the outputs live, and the cache folder (needed in cache mode, and to switch to it).
-    let store = pick(&layers, |t| value(&t.store)).map_or(StoreMode::Repo, |(mode, _)| mode);
+    let store = first(&layers, |t| &t.store).unwrap_or(StoreMode::Repo);
     let cache_url = layers.iter().find_map(|l| l.cache_url.clone());
-    let cache_dir = crate::cache::default_dir(env).map_err(|(key, value)| ConfigError::Env {
-        file: file.into(),
-        key: key.into(),
-        value,
-        expected: "an absolute path to the cache folder".into(),
+    let cache_dir = crate::cache::default_dir(env).map_err(|(key, value)| {
+        refused(key, ConfigErrorKind::Env { value, expected: "an absolute path to the cache folder".into() })
     })?;
     if store == StoreMode::Cache
         && cache_dir.is_none()
-        && let Some((file, at, key)) = layers.iter().find_map(|l| l.store_at.clone())
+        && let Some((layer, set)) = layers.iter().find_map(|l| Some((l, l.table.store.as_ref()?)))
     {
-        return Err(ConfigError::NoCacheDir { file, at, key });
+        return Err(layer.ctx.error(set, "store", ConfigErrorKind::NoCacheDir));
     }
 
     Ok(Chain {

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::error::{ConfigError, Location};
+use super::error::{ConfigError, ConfigErrorKind, Location};
 use super::schema::{ChainTable, EvalTable, StepTable, expected_of};
 use super::{PACKAGE_PREFIX, WORKSPACE_PREFIX};
 
@@ -21,7 +21,7 @@ pub(super) struct Source {
 
 /// Where a table sits, for the hints of unknown keys.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Level {
+enum Level {
     Package,
     Workspace,
     Step,
@@ -33,7 +33,8 @@ pub(super) enum Level {
 
 impl Source {
     pub(super) fn read(file: &Path) -> Result<Source, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.into(), source })?;
+        let text = std::fs::read_to_string(file)
+            .map_err(|source| ConfigError::new(file, None, None, ConfigErrorKind::Read { source }))?;
         Ok(Source { file: file.into(), text })
     }
 
@@ -45,12 +46,18 @@ impl Source {
         Location { line: count(before.matches('\n').count()), column: count(before[line_start..].chars().count()) }
     }
 
-    pub(super) fn at_span<T>(&self, value: &Spanned<T>) -> Location {
-        self.at(value.span().start)
+    /// The mistake `kind` about `key`, at the byte `offset`.
+    pub(super) fn error(&self, offset: usize, key: impl Into<String>, kind: ConfigErrorKind) -> ConfigError {
+        ConfigError::new(&self.file, Some(self.at(offset)), Some(key.into()), kind)
+    }
+
+    /// The text is not TOML (or not what serde expects where no key can be named).
+    fn not_toml(&self, offset: usize, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(&self.file, Some(self.at(offset)), None, ConfigErrorKind::Parse { message: message.into() })
     }
 
     /// The document as `T`, reporting the first key nobody declared under one of `watched`
-    /// (dotted prefixes such as `package.metadata.promptgen`) as [`ConfigError::UnknownKey`].
+    /// (dotted prefixes such as `package.metadata.promptgen`) as [`ConfigErrorKind::UnknownKey`].
     pub(super) fn parse<T: DeserializeOwned>(&self, watched: &[&str]) -> Result<T, ConfigError> {
         let deserializer = toml::de::Deserializer::parse(&self.text).map_err(|e| self.syntax(&e))?;
         let mut unknown = Vec::new();
@@ -62,21 +69,19 @@ impl Source {
         });
         // A misspelt key explains more than what follows from it.
         if let Some(key) = unknown.first() {
-            return Err(self.unknown_key(key));
+            return Err(self.unknown_key(key, 0));
         }
         result.map_err(|e| self.mistake(&e))
     }
 
     /// A TOML syntax error.
     fn syntax(&self, error: &toml::de::Error) -> ConfigError {
-        ConfigError::Parse {
-            file: self.file.clone(),
-            at: self.at(error.span().map_or(0, |s| s.start)),
-            message: error.to_string().trim_end().to_string(),
-        }
+        self.not_toml(error.span().map_or(0, |s| s.start), error.to_string().trim_end())
     }
 
-    fn unknown_key(&self, key: &str) -> ConfigError {
+    /// The key `key`, which nobody declared, at its place (else at the byte `fallback`): the
+    /// error lists the keys known in its table and suggests the one meant.
+    pub(super) fn unknown_key(&self, key: &str, fallback: usize) -> ConfigError {
         let (table, name) = key.rsplit_once('.').unwrap_or(("", key));
         let level = if table.contains(".steps[") {
             Level::Step
@@ -89,31 +94,31 @@ impl Source {
         } else {
             Level::Package
         };
-        let span = Doc::parse(&self.text).and_then(|doc| doc.key_span(key)).unwrap_or(0..0);
-        unknown_key_error(&self.file, self.at(span.start), level, table, name)
+        let (known, aliases) = match level {
+            Level::Step => (StepTable::KEYS, StepTable::ALIASES),
+            Level::Eval | Level::WorkspaceEval => (EvalTable::KEYS, EvalTable::ALIASES),
+            Level::Package | Level::Workspace => (ChainTable::KEYS, ChainTable::ALIASES),
+        };
+        let in_workspace = matches!(level, Level::Workspace | Level::WorkspaceEval);
+        let known: Vec<&str> = known.iter().copied().filter(|k| !in_workspace || *k != "steps").collect();
+        let hint = unknown_key_hint(level, name, &known, aliases);
+        let offset = Doc::parse(&self.text).and_then(|doc| doc.key_span(key)).map_or(fallback, |span| span.start);
+        self.error(offset, key, ConfigErrorKind::UnknownKey { hint, known: quoted(known) })
     }
 
     /// A value serde refused, as the error that names its key and says what it must be.
     fn mistake(&self, error: &toml::de::Error) -> ConfigError {
         let span = error.span().unwrap_or(0..0);
-        let at = self.at(span.start);
         let message = error.message();
         let Some(doc) = Doc::parse(&self.text) else { return self.syntax(error) };
-        let Some((key, value)) = doc.value_at(&span) else {
-            return ConfigError::Parse { file: self.file.clone(), at, message: message.to_string() };
-        };
+        let Some((key, value)) = doc.value_at(&span) else { return self.not_toml(span.start, message) };
         if message.starts_with("duplicate field") {
             // TOML refuses a key set twice, so serde sees one only when a key meets its old name.
             let aliases = if key.contains(".steps[") { StepTable::ALIASES } else { ChainTable::ALIASES };
             if let Some((old, new)) = aliases.iter().find(|(_, new)| message.contains(&format!("`{new}`"))) {
                 let (old, new) = (format!("{key}.{old}"), format!("{key}.{new}"));
                 let second = [&old, &new].iter().filter_map(|k| doc.key_span(k)).map(|s| s.start).max();
-                return ConfigError::SetTwice {
-                    file: self.file.clone(),
-                    at: self.at(second.unwrap_or(span.start)),
-                    key: new,
-                    old,
-                };
+                return self.error(second.unwrap_or(span.start), new, ConfigErrorKind::SetTwice { old });
             }
         }
         // serde's own words for what it wanted, kept when the key has no description.
@@ -125,11 +130,12 @@ impl Source {
             // An untagged value (`check`) of a type it can take, with the wrong contents.
             || (!message.starts_with("invalid type")
                 && matches!(value.get_ref(), DeValue::String(_) | DeValue::Array(_)));
-        if wrong_value {
-            ConfigError::InvalidValue { file: self.file.clone(), at, key, value: raw, expected }
+        let kind = if wrong_value {
+            ConfigErrorKind::InvalidValue { value: raw, expected }
         } else {
-            ConfigError::WrongType { file: self.file.clone(), at, key, expected, found: describe(value.get_ref()) }
-        }
+            ConfigErrorKind::WrongType { expected, found: describe(value.get_ref()) }
+        };
+        self.error(span.start, key, kind)
     }
 }
 
@@ -149,18 +155,17 @@ fn dotted(path: &serde_ignored::Path<'_>) -> String {
     }
 }
 
-/// The error for the key `name` that nobody declared in the table `table` at `level`.
-pub(super) fn unknown_key_error(file: &Path, at: Location, level: Level, table: &str, name: &str) -> ConfigError {
-    let (known, aliases) = match level {
-        Level::Step => (StepTable::KEYS, StepTable::ALIASES),
-        Level::Eval | Level::WorkspaceEval => (EvalTable::KEYS, EvalTable::ALIASES),
-        Level::Package | Level::Workspace => (ChainTable::KEYS, ChainTable::ALIASES),
-    };
-    let in_workspace = matches!(level, Level::Workspace | Level::WorkspaceEval);
-    let known: Vec<&str> = known.iter().copied().filter(|k| !in_workspace || *k != "steps").collect();
+/// What to say of the key `name` that nobody declared in a table at `level`, where `known`
+/// are the keys (and `aliases` the old names): ``; did you mean `x`?``, where it belongs, or `.`.
+fn unknown_key_hint(
+    level: Level,
+    name: &str,
+    known: &[&'static str],
+    aliases: &[(&'static str, &'static str)],
+) -> String {
     let step_only = |k: &&str| StepTable::KEYS.contains(k) && !ChainTable::KEYS.contains(k);
     let chain_only = |k: &&str| ChainTable::KEYS.contains(k) && !StepTable::KEYS.contains(k);
-    let hint = if name == "api_key" {
+    if name == "api_key" {
         "; API keys do not belong in Cargo.toml: set OPENAI_API_KEY in the environment.".to_string()
     } else if matches!(level, Level::Package | Level::Workspace) && step_only(&name) {
         format!("; `{name}` belongs to a step: put it under `[[package.metadata.promptgen.steps]]`.")
@@ -180,14 +185,12 @@ pub(super) fn unknown_key_error(file: &Path, at: Location, level: Level, table: 
             }
             None => ".".to_string(),
         }
-    };
-    ConfigError::UnknownKey {
-        file: file.into(),
-        at,
-        key: format!("{table}.{name}"),
-        hint,
-        known: known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
     }
+}
+
+/// `` `a`, `b` ``: a list of keys or ids for a message.
+pub(super) fn quoted<'s>(names: impl IntoIterator<Item = &'s str>) -> String {
+    names.into_iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ")
 }
 
 /// The known key nearest to `name`, if it is at most 2 edits away.

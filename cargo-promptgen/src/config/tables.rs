@@ -6,47 +6,40 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::num::NonZeroU32;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use codegen_core::ToolProtocol;
 use codegen_core::sandbox::{SandboxError, input_files};
 use toml::Spanned;
 
-use super::after::{GraphDecl, Named};
-use super::error::{ConfigError, Location};
+use super::after::{GraphDecl, Written};
+use super::error::{ConfigError, ConfigErrorKind};
 use super::paths::{input_virtual_path, lexical_join, output_path};
 use super::schema::{CACHE_URL_EXPECTED, ChainTable, CheckValue, expected_of};
-use super::source::{Source, closest};
+use super::source::{Source, closest, quoted};
 use super::{CheckSpec, EvalSettings, Input, Origin, StepConfig};
 use crate::cache::CacheUrl;
 
-/// `[package.metadata.promptgen.eval]` over the workspace's: the package's `min_pass_rate`
-/// beats the workspace's, and each rate of `steps` must be for a step of the chain.
-pub(super) fn eval_settings(
-    ctx: &Ctx<'_>,
-    package: &ChainTable,
-    layers: &[Layer<'_>],
-    steps: &[StepConfig],
-) -> Result<EvalSettings, ConfigError> {
+/// `[package.metadata.promptgen.eval]` over the workspace's (`layers`, the package's first):
+/// the package's `min_pass_rate` beats the workspace's, and each rate of `steps` must be for a
+/// step of the chain.
+pub(super) fn eval_settings(layers: &[Layer<'_>], steps: &[StepConfig]) -> Result<EvalSettings, ConfigError> {
     let min_pass_rate = layers.iter().find_map(|l| l.min_pass_rate);
     let mut per_step = BTreeMap::new();
-    let declared = package.eval.as_ref().and_then(|e| e.get_ref().steps.as_ref());
+    let Some(package) = layers.first() else { return Ok(EvalSettings { min_pass_rate, steps: per_step }) };
+    let declared = package.table.eval.as_ref().and_then(|e| e.get_ref().steps.as_ref());
     for (id, rate) in declared.map(Spanned::get_ref).into_iter().flatten() {
         let name = format!("eval.steps.{id}");
         if steps.iter().all(|s| s.id != *id) {
             let ids = || steps.iter().map(|s| s.id.as_str());
-            return Err(ConfigError::UnknownKey {
-                file: ctx.src.file.clone(),
-                at: ctx.src.at_span(rate),
-                key: ctx.key(&name),
-                hint: match closest(id, ids()) {
-                    Some(near) => format!(": the chain has no step `{id}`; did you mean `{near}`?"),
-                    None => format!(": the chain has no step `{id}`."),
-                },
-                known: ids().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", "),
-            });
+            let hint = match closest(id, ids()) {
+                Some(near) => format!(": the chain has no step `{id}`; did you mean `{near}`?"),
+                None => format!(": the chain has no step `{id}`."),
+            };
+            return Err(package.ctx.error(rate, &name, ConfigErrorKind::UnknownKey { hint, known: quoted(ids()) }));
         }
-        per_step.insert(id.clone(), ctx.rate(&name, rate)?);
+        per_step.insert(id.clone(), package.ctx.in_range(&name, rate, 0.0..=1.0)?);
     }
     Ok(EvalSettings { min_pass_rate, steps: per_step })
 }
@@ -56,8 +49,13 @@ pub(super) fn value<T: Copy>(key: &Option<Spanned<T>>) -> Option<T> {
     key.as_ref().map(|v| *v.get_ref())
 }
 
+/// The items of an optional list key; none when it is absent.
+fn items(list: &Option<Spanned<Vec<Spanned<String>>>>) -> &[Spanned<String>] {
+    list.as_ref().map_or(&[], |l| l.get_ref())
+}
+
 /// One table being checked: the manifest, the table's dotted path, and the folder its paths
-/// are relative to.
+/// are relative to. Its methods take the name of a key in the table (`prompt`, `outputs[0]`).
 pub(super) struct Ctx<'a> {
     pub(super) src: &'a Source,
     pub(super) prefix: String,
@@ -65,32 +63,28 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The full key of `name`.
     pub(super) fn key(&self, name: &str) -> String {
         format!("{}.{name}", self.prefix)
     }
 
+    /// The mistake `kind` at the key `name`, whose value (or table) is `at`.
+    pub(super) fn error<T>(&self, at: &Spanned<T>, name: &str, kind: ConfigErrorKind) -> ConfigError {
+        self.src.error(at.span().start, self.key(name), kind)
+    }
+
+    /// `value`, at the key `name`, is not what the key expects.
     fn invalid<T>(&self, name: &str, at: &Spanned<T>, value: impl fmt::Display) -> ConfigError {
-        ConfigError::InvalidValue {
-            file: self.src.file.clone(),
-            at: self.src.at_span(at),
-            key: self.key(name),
-            value: value.to_string(),
-            expected: expected_of(&self.key(name)).unwrap_or_default(),
-        }
+        let expected = expected_of(&self.key(name)).unwrap_or_default();
+        self.error(at, name, ConfigErrorKind::InvalidValue { value: value.to_string(), expected })
     }
 
     fn missing<T>(&self, name: &str, table: &Spanned<T>, hint: String) -> ConfigError {
-        ConfigError::Missing { file: self.src.file.clone(), at: self.src.at_span(table), key: self.key(name), hint }
+        self.error(table, name, ConfigErrorKind::Missing { hint })
     }
 
-    fn bad_path(&self, key: &str, at: &Spanned<String>, reason: String) -> ConfigError {
-        ConfigError::BadPath {
-            file: self.src.file.clone(),
-            at: self.src.at_span(at),
-            key: key.into(),
-            value: at.get_ref().clone(),
-            reason,
-        }
+    fn bad_path(&self, name: &str, written: &Spanned<String>, reason: String) -> ConfigError {
+        self.error(written, name, ConfigErrorKind::BadPath { value: written.get_ref().clone(), reason })
     }
 
     fn non_empty(&self, name: &str, value: &Spanned<String>) -> Result<String, ConfigError> {
@@ -100,15 +94,10 @@ impl Ctx<'_> {
         }
     }
 
-    /// A pass rate, from 0 to 1, at the key `name`.
-    fn rate(&self, name: &str, value: &Spanned<f64>) -> Result<f64, ConfigError> {
-        let rate = *value.get_ref();
-        if (0.0..=1.0).contains(&rate) { Ok(rate) } else { Err(self.invalid(name, value, rate)) }
-    }
-
-    fn temperature(&self, value: &Spanned<f64>) -> Result<f64, ConfigError> {
-        let t = *value.get_ref();
-        if (0.0..=2.0).contains(&t) { Ok(t) } else { Err(self.invalid("temperature", value, t)) }
+    /// A number in `range` at the key `name`.
+    fn in_range(&self, name: &str, value: &Spanned<f64>, range: RangeInclusive<f64>) -> Result<f64, ConfigError> {
+        let number = *value.get_ref();
+        if range.contains(&number) { Ok(number) } else { Err(self.invalid(name, value, number)) }
     }
 
     fn check(&self, value: &Spanned<CheckValue>) -> Result<CheckSpec, ConfigError> {
@@ -130,13 +119,8 @@ impl Ctx<'_> {
     /// The file the key `name` names, relative to the table's folder; it must exist.
     fn existing_file(&self, name: &str, written: &Spanned<String>, what: &str) -> Result<PathBuf, ConfigError> {
         if written.get_ref().trim().is_empty() {
-            return Err(ConfigError::InvalidValue {
-                file: self.src.file.clone(),
-                at: self.src.at_span(written),
-                key: self.key(name),
-                value: "\"\"".into(),
-                expected: "a path to a file".into(),
-            });
+            let kind = ConfigErrorKind::InvalidValue { value: "\"\"".into(), expected: "a path to a file".into() };
+            return Err(self.error(written, name, kind));
         }
         self.file_at(name, written, lexical_join(self.base, written.get_ref()), what)
     }
@@ -151,54 +135,47 @@ impl Ctx<'_> {
     ) -> Result<PathBuf, ConfigError> {
         match std::fs::metadata(&path) {
             Ok(meta) if meta.is_file() => Ok(path),
-            Ok(_) => Err(ConfigError::NotAFile {
-                file: self.src.file.clone(),
-                at: self.src.at_span(written),
-                key: self.key(name),
-                value: written.get_ref().clone(),
-                path,
-                what: what.into(),
-            }),
-            Err(e) => Err(self.not_there(self.key(name), written, path, what.into(), e)),
+            Ok(_) => {
+                let kind = ConfigErrorKind::NotAFile { value: written.get_ref().clone(), path, what: what.into() };
+                Err(self.error(written, name, kind))
+            }
+            Err(e) => Err(self.not_there(name, written, path, what.into(), e)),
         }
     }
 
-    /// `path`, named by `key` as `written`, cannot be looked at: missing, or `error`.
+    /// `path`, named by the key `name` as `written`, cannot be looked at: missing, or `error`.
     fn not_there(
         &self,
-        key: String,
+        name: &str,
         written: &Spanned<String>,
         path: PathBuf,
         what: String,
         error: io::Error,
     ) -> ConfigError {
-        let (file, at) = (self.src.file.clone(), self.src.at_span(written));
-        match error.kind() {
-            io::ErrorKind::NotFound => {
-                ConfigError::FileNotFound { file, at, key, path, relative_to: self.base.into(), what }
-            }
-            _ => ConfigError::Unreadable { file, at, key, path, what, source: error },
-        }
+        let kind = match error.kind() {
+            io::ErrorKind::NotFound => ConfigErrorKind::FileNotFound { path, relative_to: self.base.into(), what },
+            _ => ConfigErrorKind::Unreadable { path, what, source: error },
+        };
+        self.error(written, name, kind)
     }
 
-    /// Why the input folder named by `key` (as `written`) cannot be walked.
-    fn walk_error(&self, key: &str, written: &Spanned<String>, step_id: &str, error: SandboxError) -> ConfigError {
-        let (file, at, key) = (self.src.file.clone(), self.src.at_span(written), key.to_string());
+    /// Why the input folder named by the key `name` (as `written`) cannot be walked.
+    fn walk_error(&self, name: &str, written: &Spanned<String>, step_id: &str, error: SandboxError) -> ConfigError {
         match error {
             SandboxError::InputLink { link, target, reason } => {
-                ConfigError::InputLink { file, at, key, link, target, reason }
+                self.error(written, name, ConfigErrorKind::InputLink { link, target, reason })
             }
-            SandboxError::Fs(e) => self.not_there(key, written, e.path, format!("input of step `{step_id}`"), e.source),
-            other => {
-                ConfigError::BadPath { file, at, key, value: written.get_ref().clone(), reason: other.to_string() }
+            SandboxError::Fs(e) => {
+                self.not_there(name, written, e.path, format!("input of step `{step_id}`"), e.source)
             }
+            other => self.bad_path(name, written, other.to_string()),
         }
     }
 
     fn outputs(&self, list: &[Spanned<String>]) -> Result<Vec<String>, ConfigError> {
         let mut outputs: Vec<String> = Vec::new();
         for (i, written) in list.iter().enumerate() {
-            let bad = |reason: String| self.bad_path(&self.key(&format!("outputs[{i}]")), written, reason);
+            let bad = |reason: String| self.bad_path(&format!("outputs[{i}]"), written, reason);
             let normalized = output_path(written.get_ref()).map_err(bad)?;
             if outputs.contains(&normalized) {
                 return Err(bad("is listed twice".into()));
@@ -211,8 +188,8 @@ impl Ctx<'_> {
     fn inputs(&self, list: &[Spanned<String>], step_id: &str) -> Result<Vec<Input>, ConfigError> {
         let mut inputs: Vec<Input> = Vec::new();
         for (i, written) in list.iter().enumerate() {
-            let key = self.key(&format!("inputs[{i}]"));
-            let bad = |reason: String| self.bad_path(&key, written, reason);
+            let name = format!("inputs[{i}]");
+            let bad = |reason: String| self.bad_path(&name, written, reason);
             let virtual_path = input_virtual_path(written.get_ref()).map_err(bad)?;
             let real_path = lexical_join(self.base, written.get_ref());
             let is_dir = match std::fs::metadata(&real_path) {
@@ -221,12 +198,14 @@ impl Ctx<'_> {
                 Ok(_) => {
                     return Err(bad(format!("names `{}`, which is neither a file nor a folder", real_path.display())));
                 }
-                Err(e) => return Err(self.not_there(key, written, real_path, format!("input of step `{step_id}`"), e)),
+                Err(e) => {
+                    return Err(self.not_there(&name, written, real_path, format!("input of step `{step_id}`"), e));
+                }
             };
             if is_dir {
                 // Its links are followed inside the package only, as the fingerprint and the
                 // sandbox follow them.
-                input_files(&real_path, Some(self.base)).map_err(|e| self.walk_error(&key, written, step_id, e))?;
+                input_files(&real_path, Some(self.base)).map_err(|e| self.walk_error(&name, written, step_id, e))?;
             }
             if inputs.iter().any(|i| i.virtual_path == virtual_path) {
                 return Err(bad(format!(
@@ -261,7 +240,7 @@ macro_rules! check_shared {
         Shared {
             model: table.model.as_ref().map(|v| ctx.non_empty("model", v)).transpose()?,
             seed: value(&table.seed),
-            temperature: table.temperature.as_ref().map(|v| ctx.temperature(v)).transpose()?,
+            temperature: table.temperature.as_ref().map(|v| ctx.in_range("temperature", v, 0.0..=2.0)).transpose()?,
             max_model_calls: value(&table.max_model_calls).map(NonZeroU32::get),
             protocol: value(&table.protocol),
             system_prompt: table
@@ -278,44 +257,36 @@ macro_rules! check_shared {
 
 /// A chain-level table, checked.
 pub(super) struct Layer<'a> {
+    /// Where it is: its manifest and dotted path, and the folder its paths are relative to.
+    pub(super) ctx: Ctx<'a>,
     pub(super) origin: Origin,
     pub(super) table: &'a ChainTable,
     pub(super) shared: Shared,
     /// `cache_url`, checked.
     pub(super) cache_url: Option<CacheUrl>,
-    /// Where `store` is set: the manifest, the place and the full key.
-    pub(super) store_at: Option<(PathBuf, Location, String)>,
     /// `eval.min_pass_rate`, checked.
     pub(super) min_pass_rate: Option<f64>,
 }
 
 impl<'a> Layer<'a> {
-    pub(super) fn check(ctx: &Ctx<'_>, table: &'a ChainTable, origin: Origin) -> Result<Layer<'a>, ConfigError> {
+    pub(super) fn check(ctx: Ctx<'a>, table: &'a ChainTable, origin: Origin) -> Result<Layer<'a>, ConfigError> {
         if let Some(url) = &table.base_url {
             ctx.non_empty("base_url", url)?;
         }
         let cache_url = match &table.cache_url {
-            Some(url) => Some(CacheUrl::parse(url.get_ref()).map_err(|reason| ConfigError::InvalidValue {
-                file: ctx.src.file.clone(),
-                at: ctx.src.at_span(url),
-                key: ctx.key("cache_url"),
-                value: format!("{:?}", url.get_ref()),
-                expected: format!("{CACHE_URL_EXPECTED}; {reason}"),
+            Some(url) => Some(CacheUrl::parse(url.get_ref()).map_err(|reason| {
+                let (value, expected) = (format!("{:?}", url.get_ref()), format!("{CACHE_URL_EXPECTED}; {reason}"));
+                ctx.error(url, "cache_url", ConfigErrorKind::InvalidValue { value, expected })
             })?),
             None => None,
         };
-        let store_at =
-            table.store.as_ref().map(|store| (ctx.src.file.clone(), ctx.src.at_span(store), ctx.key("store")));
+        let shared = check_shared!(&ctx, table, "system prompt");
         let eval = table.eval.as_ref().map(Spanned::get_ref);
-        let min_pass_rate = eval.and_then(|e| e.min_pass_rate.as_ref()).map(|r| ctx.rate("eval.min_pass_rate", r));
-        Ok(Layer {
-            origin,
-            table,
-            shared: check_shared!(ctx, table, "system prompt"),
-            cache_url,
-            store_at,
-            min_pass_rate: min_pass_rate.transpose()?,
-        })
+        let min_pass_rate = eval
+            .and_then(|e| e.min_pass_rate.as_ref())
+            .map(|r| ctx.in_range("eval.min_pass_rate", r, 0.0..=1.0))
+            .transpose()?;
+        Ok(Layer { ctx, origin, table, shared, cache_url, min_pass_rate })
     }
 }
 
@@ -361,13 +332,7 @@ pub(super) fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<
             return Err(ctx.invalid("id", id_value, format!("{id:?}")));
         }
         if let Some(first_key) = seen.get(&id) {
-            return Err(ConfigError::DuplicateId {
-                file: ctx.src.file.clone(),
-                at: ctx.src.at_span(id_value),
-                key: ctx.key("id"),
-                id,
-                first_key: first_key.clone(),
-            });
+            return Err(ctx.error(id_value, "id", ConfigErrorKind::DuplicateId { id, first_key: first_key.clone() }));
         }
         seen.insert(id.clone(), ctx.key("id"));
 
@@ -382,18 +347,18 @@ pub(super) fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<
         let prompt = ctx.existing_file("prompt", prompt_value, &what("prompt"))?;
         let shared = check_shared!(&ctx, table, &what("system prompt"));
         let script = table.script.as_ref().map(|s| ctx.existing_file("script", s, &what("script"))).transpose()?;
-        let outputs = ctx.outputs(table.outputs.as_ref().map_or(&[], |l| l.get_ref()))?;
-        let inputs = ctx.inputs(table.inputs.as_ref().map_or(&[], |l| l.get_ref()), &id)?;
-        let places = |list: &[Spanned<String>], name: &str| -> Vec<(usize, String)> {
-            list.iter().enumerate().map(|(j, v)| (v.span().start, ctx.key(&format!("{name}[{j}]")))).collect()
+        let outputs = ctx.outputs(items(&table.outputs))?;
+        let inputs = ctx.inputs(items(&table.inputs), &id)?;
+        let written = |list: &[Spanned<String>], name: &str| -> Vec<Written> {
+            let item = |(j, v): (usize, &Spanned<String>)| Written {
+                value: v.get_ref().clone(),
+                at: v.span().start,
+                key: ctx.key(&format!("{name}[{j}]")),
+            };
+            list.iter().enumerate().map(item).collect()
         };
-        let after = table.after.as_ref().map(|list| {
-            let list = list.get_ref();
-            let places = places(list, "after");
-            list.iter().zip(places).map(|(id, (at, key))| Named { id: id.get_ref().clone(), at, key }).collect()
-        });
-        let outputs_at = places(table.outputs.as_ref().map_or(&[], |l| l.get_ref()), "outputs");
-        let graph = GraphDecl { id: id.clone(), after, outputs_at };
+        let after = table.after.as_ref().map(|list| written(list.get_ref(), "after"));
+        let graph = GraphDecl { after, outputs: written(items(&table.outputs), "outputs") };
         steps.push(DeclaredStep {
             key: ctx.prefix.clone(),
             at: step.span().start,

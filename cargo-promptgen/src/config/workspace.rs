@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 use super::WORKSPACE_PREFIX;
-use super::error::ConfigError;
+use super::error::{ConfigError, ConfigErrorKind};
 use super::paths::{absolute, lexical_join};
 use super::schema::{Edition, Manifest, PackageTable, Probe, ProbeWorkspace, RootManifest, WorkspaceTable};
 use super::source::Source;
@@ -20,25 +20,20 @@ pub(super) fn package_edition(
     workspace: Option<&WorkspaceTable>,
 ) -> Result<String, ConfigError> {
     let Some(edition) = &package.edition else { return Ok("2015".into()) };
+    let error = |kind| src.error(edition.span().start, "package.edition", kind);
     match edition.get_ref() {
         Edition::Named(name) => Ok(name.clone()),
         Edition::Inherited { workspace: true } => {
-            workspace.and_then(|ws| ws.package.as_ref()?.edition.clone()).ok_or_else(|| ConfigError::Missing {
-                file: src.file.clone(),
-                at: src.at_span(edition),
-                key: "package.edition".into(),
-                hint:
-                    "`edition.workspace = true` needs `[workspace.package] edition = ...` in the workspace's Cargo.toml"
-                        .into(),
+            workspace.and_then(|ws| ws.package.as_ref()?.edition.clone()).ok_or_else(|| {
+                let hint =
+                    "`edition.workspace = true` needs `[workspace.package] edition = ...` in the workspace's Cargo.toml";
+                error(ConfigErrorKind::Missing { hint: hint.into() })
             })
         }
-        Edition::Inherited { workspace: false } => Err(ConfigError::WrongType {
-            file: src.file.clone(),
-            at: src.at_span(edition),
-            key: "package.edition".into(),
+        Edition::Inherited { workspace: false } => Err(error(ConfigErrorKind::WrongType {
             expected: "a string such as \"2021\", or `{ workspace = true }`".into(),
             found: "`{ workspace = false }`".into(),
-        }),
+        })),
     }
 }
 
@@ -60,13 +55,14 @@ impl WorkspaceRoot {
 
 /// Finds the workspace of the package in `package_dir` the way cargo does:
 ///
-/// 1. the root the caller was told ([`Overrides::workspace_root`], from `cargo metadata`);
+/// 1. the root the caller was told ([`Overrides::workspace_root`](super::Overrides::workspace_root),
+///    from `cargo metadata`);
 /// 2. else the package's own manifest, when it has a `[workspace]` table;
 /// 3. else the root that `package.workspace = "path"` names;
 /// 4. else the nearest manifest in the parent folders with a `[workspace]` table that does not
 ///    exclude the package (cargo walks on past a workspace that excludes it), or that itself
-///    names its root with
-///    `package.workspace`. The walk stops below a `target/package` folder, as cargo's does.
+///    names its root with `package.workspace`. The walk stops below a `target/package` folder,
+///    as cargo's does.
 pub(super) fn find_workspace(
     src: &Source,
     manifest: &Manifest,
@@ -111,15 +107,13 @@ fn named_root(src: &Source, pointer: &Spanned<String>, dir: &Path) -> Result<Wor
     let ctx = Ctx { src, prefix: "package".into(), base: dir };
     let root = lexical_join(dir, pointer.get_ref());
     ctx.file_at("workspace", pointer, root.join("Cargo.toml"), "workspace root's manifest")?;
-    WorkspaceRoot::open(&root)?.ok_or_else(|| ConfigError::InvalidValue {
-        file: src.file.clone(),
-        at: src.at_span(pointer),
-        key: "package.workspace".into(),
-        value: format!("{:?}", pointer.get_ref()),
-        expected: format!(
+    WorkspaceRoot::open(&root)?.ok_or_else(|| {
+        let value = format!("{:?}", pointer.get_ref());
+        let expected = format!(
             "the folder of a workspace root, but `{}` has no `[workspace]` table",
             root.join("Cargo.toml").display()
-        ),
+        );
+        ctx.error(pointer, "workspace", ConfigErrorKind::InvalidValue { value, expected })
     })
 }
 
