@@ -81,7 +81,7 @@ pub enum Support {
     /// Landlock at this ABI: files from 2 on, TCP from 4 on, signals and abstract UNIX
     /// sockets from 6 on.
     Landlock {
-        /// The ABI the rulesets are built for: the kernel's, at most [`NEWEST_ABI`].
+        /// The ABI the rulesets are built for: the kernel's, at most `NEWEST_ABI`.
         abi: i32,
     },
     /// Checks run unconfined, for this reason.
