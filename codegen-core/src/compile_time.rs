@@ -225,7 +225,13 @@ fn tokenize(source: &str) -> Vec<Token> {
             }
             tokens.push(Token::Ident(chars[start..i].iter().collect()));
         } else if c.is_ascii_digit() {
-            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '.') {
+            // Digits, a suffix (`1u8`, `0xff`, `1e9`), and a `.` only before a digit: `0..x` is
+            // a number, a range and `x`, and `x` may be `include!`.
+            while i < chars.len()
+                && (chars[i].is_alphanumeric()
+                    || chars[i] == '_'
+                    || (chars[i] == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)))
+            {
                 i += 1;
             }
         } else {
@@ -237,8 +243,9 @@ fn tokenize(source: &str) -> Vec<Token> {
 }
 
 /// A string literal starting at `start` (`"..."`, `b"..."`, `c"..."`, `r"..."`, `r#"..."#`,
-/// `br#"..."#`): its value (escapes of plain strings resolved for `\\`, `\"`, `\n`, `\t`) and
-/// where it ends; `None` if none starts there.
+/// `br#"..."#`): its value, with every escape of a plain string resolved as rustc resolves it
+/// (`\x2e`, `\u{2e}` and a line continuation included, so a path cannot hide a `..` in one),
+/// and where it ends; `None` if none starts there.
 fn string_literal(chars: &[char], start: usize) -> Option<(String, usize)> {
     let mut i = start;
     if matches!(chars.get(i), Some('b' | 'c')) {
@@ -279,15 +286,7 @@ fn string_literal(chars: &[char], start: usize) -> Option<(String, usize)> {
     while i < chars.len() {
         match chars[i] {
             '"' => return Some((value, i + 1)),
-            '\\' => {
-                match chars.get(i + 1) {
-                    Some('n') => value.push('\n'),
-                    Some('t') => value.push('\t'),
-                    Some(&other) => value.push(other),
-                    None => {}
-                }
-                i += 2;
-            }
+            '\\' => i = escape(chars, i, &mut value),
             other => {
                 value.push(other);
                 i += 1;
@@ -295,6 +294,40 @@ fn string_literal(chars: &[char], start: usize) -> Option<(String, usize)> {
         }
     }
     Some((value, chars.len()))
+}
+
+/// Resolves the escape at `chars[at]` (a backslash) into `value`; returns where it ends. An
+/// escape rustc would refuse resolves to U+FFFD, which no path component matches.
+fn escape(chars: &[char], at: usize, value: &mut String) -> usize {
+    let hex = |digits: &[char]| u32::from_str_radix(&digits.iter().collect::<String>(), 16).ok();
+    match chars.get(at + 1) {
+        Some('n') => value.push('\n'),
+        Some('r') => value.push('\r'),
+        Some('t') => value.push('\t'),
+        Some('0') => value.push('\0'),
+        Some('x') => {
+            let end = (at + 4).min(chars.len());
+            value.push(hex(&chars[at + 2..end]).and_then(char::from_u32).unwrap_or('\u{FFFD}'));
+            return end;
+        }
+        Some('u') if chars.get(at + 2) == Some(&'{') => {
+            let close = chars[at + 2..].iter().position(|&c| c == '}').map_or(chars.len(), |p| at + 2 + p);
+            let digits: Vec<char> = chars[at + 3..close].iter().copied().filter(|&c| c != '_').collect();
+            value.push(hex(&digits).and_then(char::from_u32).unwrap_or('\u{FFFD}'));
+            return (close + 1).min(chars.len());
+        }
+        // A line continuation: the line break and the whitespace after it are not in the value.
+        Some('\n' | '\r') => {
+            let mut i = at + 1;
+            while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+                i += 1;
+            }
+            return i;
+        }
+        Some(&other) => value.push(other),
+        None => {}
+    }
+    at + 2
 }
 
 /// Past a char literal (`'a'`, `'\n'`, `'\u{1F600}'`) or a lifetime (`'a`) at `start`.
@@ -350,6 +383,15 @@ mod tests {
             ("#[path = \"/tmp/evil.rs\"]\nmod evil;", "path = \"/tmp/evil.rs\"", "absolute path"),
             ("#[cfg_attr(unix, path = \"../../../.env\")]\nmod evil;", "path = \"../../../.env\"", "outside"),
             ("include_str! [\"/etc/hosts\"]", "include_str![\"/etc/hosts\"]", "absolute path"),
+            // A number does not swallow what follows a range.
+            ("const N: () = { let _ = 0..include!(\"/etc/passwd\"); };", "include!(\"/etc/passwd\")", "absolute path"),
+            ("let _ = 1.0..include_str!(\"/x\");", "include_str!(\"/x\")", "absolute path"),
+            // Escapes are resolved as rustc resolves them.
+            ("include_str!(\"\\x2e\\x2e/\\x2e\\x2e/Cargo.toml\")", "include_str!", "outside the generated tree"),
+            ("include_str!(\"\\u{2e}\\u{2E}/Cargo.toml\")", "include_str!", "outside the generated tree"),
+            ("include_str!(\"\\x2fetc/passwd\")", "include_str!", "absolute path"),
+            ("include_str!(\"..\\\n    /..\\\n    /Cargo.toml\")", "include_str!", "outside the generated tree"),
+            ("include_str!(\"\\u{2e}env\")", "include_str!", "protected"),
         ];
         for (content, construct, why) in refused {
             let text = check("a.rs", content).unwrap_or_else(|| panic!("not refused: {content}"));
@@ -371,6 +413,8 @@ mod tests {
             "fn path() -> u8 { let path = \"/etc/passwd\"; 0 }",
             "fn f<'a>(x: &'a str) -> char { let path = '/'; 'x' }",
             "let include = 3; let include_str = include;",
+            "let x = 1.5f64.max(0.0); let r = 0..10; let h = 0xff_u8;",
+            "include_str!(\"data/\\x6eames.txt\")",
         ];
         for content in allowed {
             assert_eq!(check("a.rs", content), None, "{content}");
