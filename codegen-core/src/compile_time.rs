@@ -421,4 +421,30 @@ mod tests {
         }
         assert_eq!(check("deep/a.rs", "include!(\"../b.rs\");"), None);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn compile_time_scan_never_panics_on_any_model_text(
+            content in proptest::prop_oneof![
+                proptest::prelude::any::<String>(),
+                "[a-z0-9\"'#!/*\\{}()\\[\\]._ \n-]{0,60}",
+            ]
+        ) {
+            let _ = check("a.rs", &content);
+        }
+
+        /// No code before a read can hide it, as long as that code opens no string, character
+        /// or comment (inside which the read would not be code).
+        #[test]
+        fn a_read_after_any_code_without_quotes_or_comments_is_seen(
+            prefix in "[a-z0-9_.,;:+*=<>()\\[\\]{} \n&|^%-]{0,40}"
+        ) {
+            // Right after the prefix, unless that would make one identifier of the two.
+            let joint = if prefix.ends_with(|c: char| c.is_alphanumeric() || c == '_') { " " } else { "" };
+            let content = format!("{prefix}{joint}include_str!(\"/etc/passwd\")");
+            proptest::prop_assert!(check("a.rs", &content).is_some(), "not refused: {}", content);
+        }
+    }
 }
