@@ -395,3 +395,26 @@ fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
     names.dedup();
     assert_eq!(names.len(), 6, "each trial once: {lines}");
 }
+
+#[test]
+fn values_out_of_range_are_usage_errors_before_any_trial() {
+    let server = server();
+    let package = package(METADATA);
+    for (args, says) in [
+        (["--temperature", "5"], "a temperature is a number from 0 to 2"),
+        (["--min-pass-rate", "1.5"], "a pass rate is a number from 0 to 1"),
+        (["--seeds", "0"], "--seeds <N>"),
+        (["--k", "0"], "--k <K>"),
+    ] {
+        let out = promptgen(&package, &server, &[&["eval", "--step", "01"][..], &args[..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", text(&out));
+    }
+    assert_eq!(server.requests().len(), 0);
+    assert!(
+        !support::shared_target().join("promptgen/eval").read_dir().is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&format!("{}-", package.name))))
+        }),
+        "no run folder for a refused command"
+    );
+}

@@ -28,14 +28,14 @@ pub struct EvalArgs {
     #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
     /// Trials per step and model: seeds seed, seed+1, ... from the step's seed (0 if none).
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seeds: u32,
     /// Run the whole chain fresh in each trial, instead of each step on the recorded output
     /// of the steps it runs after.
     #[arg(long, conflicts_with = "steps")]
     chain: bool,
-    /// Sample at this temperature instead of the configured one.
-    #[arg(long, value_name = "T")]
+    /// Sample at this temperature (0 to 2) instead of the configured one.
+    #[arg(long, value_name = "T", value_parser = number_in(0.0, 2.0, "a temperature"))]
     temperature: Option<f64>,
     /// Run up to N trials at once (beats PROMPTGEN_JOBS and `jobs`; default 1).
     #[arg(short = 'j', long, value_name = "N")]
@@ -45,10 +45,10 @@ pub struct EvalArgs {
     #[arg(long, value_name = "N")]
     requests: Option<NonZeroU32>,
     /// k of pass^k, the chance that k trials all pass.
-    #[arg(long, value_name = "K", default_value_t = 3)]
-    k: usize,
+    #[arg(long, value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    k: u32,
     /// The pass rate every step × model must reach (beats `[package.metadata.promptgen.eval]`).
-    #[arg(long, value_name = "RATE")]
+    #[arg(long, value_name = "RATE", value_parser = number_in(0.0, 1.0, "a pass rate"))]
     min_pass_rate: Option<f64>,
     /// How to print the results.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -80,12 +80,16 @@ pub enum Format {
     Junit,
 }
 
-pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
-    if let Some(rate) = args.min_pass_rate
-        && !(0.0..=1.0).contains(&rate)
-    {
-        anyhow::bail!("--min-pass-rate {rate} is not a rate: give a number from 0 to 1, e.g. 0.8");
+/// A parser of numbers from `low` to `high`, so that a value out of range is a usage error
+/// (exit 2) that says what `what` must be.
+fn number_in(low: f64, high: f64, what: &'static str) -> impl Fn(&str) -> Result<f64, String> + Clone {
+    move |text| match text.parse::<f64>() {
+        Ok(n) if (low..=high).contains(&n) => Ok(n),
+        _ => Err(format!("{what} is a number from {low} to {high}, e.g. {}", (low + high) / 2.0)),
     }
+}
+
+pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
     let overrides = Overrides {
         backend: args.backend.clone(),
         base_url: args.base_url.clone(),
@@ -134,7 +138,7 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
     };
     let thresholds = &chain.eval;
     let min_pass_rate = |step: &str| args.min_pass_rate.or_else(|| thresholds.min_pass_rate_of(step));
-    let rows = outcome.rows(args.k, &min_pass_rate);
+    let rows = outcome.rows(args.k as usize, &min_pass_rate);
     outcome.run.write_summary(&outcome.summary(&rows))?;
     let text = match args.format {
         Format::Table => table(&rows),
