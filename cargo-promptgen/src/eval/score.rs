@@ -105,8 +105,8 @@ pub fn rechecked(diagnostics: Option<&str>, put_off: bool, with_tests: bool) -> 
 
 /// A trial whose loop failed: its classes, and how far its files got.
 ///
-/// - The server: `timeout` (no reply, or a stalled one, within the limits), `context
-///   overflow`, else `server error`.
+/// - The server: `timeout` (no reply, or a stalled one, within the limits), `no server`
+///   (nothing answers at its address), `context overflow`, else `server error`.
 /// - The check never passed: the compiler error codes and failing tests of its last run.
 /// - The budget ran out without a failed check: `broken tool calls` when at least half of the
 ///   model calls were answered with a repair about the call itself (bad JSON, an unknown tool,
@@ -124,9 +124,11 @@ pub fn classify(error: &codegen_core::Error, transcript: &Transcript, with_tests
         None => (Verdict::NotRun, with_tests.then_some(Verdict::NotRun)),
     };
     let classes = match error {
-        codegen_core::Error::Backend(
-            BackendError::Timeout { .. } | BackendError::Stalled { .. } | BackendError::Unreachable { .. },
-        ) => vec!["timeout or no server".to_string()],
+        // Apart, because the fixes differ: a slow model wants a longer limit, a dead server a start.
+        codegen_core::Error::Backend(BackendError::Timeout { .. } | BackendError::Stalled { .. }) => {
+            vec!["timeout".to_string()]
+        }
+        codegen_core::Error::Backend(BackendError::Unreachable { .. }) => vec!["no server".to_string()],
         codegen_core::Error::Backend(BackendError::ContextOverflow { .. }) => vec!["context overflow".to_string()],
         codegen_core::Error::Backend(_) => vec!["server error".to_string()],
         codegen_core::Error::CheckFailed { diagnostics, .. } => diagnostic_classes(diagnostics),
@@ -360,5 +362,27 @@ mod tests {
         assert_eq!(verdicts_of_failure(tests, true), (Verdict::Passed, Some(Verdict::Failed)));
         assert_eq!(verdicts_of_failure(compile, true), (Verdict::Failed, Some(Verdict::NotRun)));
         assert_eq!(diagnostic_classes("make: *** [lint] Error 1"), ["check failed"]);
+    }
+
+    #[test]
+    fn a_slow_server_and_a_missing_one_are_told_apart() {
+        use codegen_core::backend::BackendKind;
+        let url = || "http://127.0.0.1:8080/v1/chat/completions".to_string();
+        let nothing = Transcript { events: Vec::new() };
+        let class = |error: BackendError| classify(&codegen_core::Error::Backend(error), &nothing, false).classes;
+        let timeout = BackendError::Timeout {
+            backend: BackendKind::OpenAi,
+            url: url(),
+            timeout: std::time::Duration::from_secs(600),
+            detail: "operation timed out".into(),
+        };
+        assert_eq!(class(timeout), ["timeout"]);
+        let refused = BackendError::Unreachable {
+            backend: BackendKind::OpenAi,
+            url: url(),
+            detail: "connection refused".into(),
+            attempts: 3,
+        };
+        assert_eq!(class(refused), ["no server"]);
     }
 }
