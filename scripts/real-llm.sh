@@ -11,6 +11,8 @@
 #   bash scripts/real-llm.sh install          # only install what is missing
 #   bash scripts/real-llm.sh eval [ARGS...]   # `cargo promptgen eval -p example-app ARGS` against
 #                                             # each server with SmolLM2 (the README's table)
+#   SERVERS=llama-cpp-python bash scripts/real-llm.sh [eval ...]
+#                                             # only the servers named (default: both, in turn)
 #
 # Everything lives under target/real-llm/ and is reused by later runs:
 #   sdist/      the llama-cpp-python source distribution (it vendors llama.cpp)
@@ -262,6 +264,10 @@ ensure_python_server
 ensure_model
 [ "${1:-}" = install ] && exit 0
 
+SERVERS="${SERVERS:-llama-server llama-cpp-python}"
+for kind in $SERVERS; do
+    case "$kind" in llama-server | llama-cpp-python) ;; *) fail "SERVERS names \`$kind\`: expected llama-server and/or llama-cpp-python" ;; esac
+done
 STARTED_PIDS=()
 SUMMARY=()
 trap stop_servers EXIT INT TERM
@@ -270,7 +276,7 @@ trap stop_servers EXIT INT TERM
 # server, trials in throwaway copies (the lock is never touched), one Markdown table each.
 if [ "${1:-}" = eval ]; then
     shift
-    for kind in llama-server llama-cpp-python; do
+    for kind in $SERVERS; do
         start_server "$kind"
         smoke_test "$kind"
         say "cargo promptgen eval -p example-app $* against $kind ($(version_of "$kind"))"
@@ -283,7 +289,7 @@ if [ "${1:-}" = eval ]; then
     exit 0
 fi
 say "model $(basename "$(model_file)") ($(du -h "$(model_file)" | cut -f1)), context $CONTEXT tokens"
-for kind in llama-server llama-cpp-python; do
+for kind in $SERVERS; do
     run_suite "$kind"
 done
 say "real-LLM suite, tests per server:"

@@ -340,6 +340,56 @@ fn cargo_promptgen_records_a_real_run_and_the_next_run_calls_no_model() {
     }
 }
 
+/// `cargo promptgen eval` against the real server: two seeds of a one-file step, each a
+/// trial of its own with real calls and real token counts; the package is left as it was, and
+/// `--replay` judges the same trials again with no server at all.
+#[test]
+#[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
+fn eval_runs_every_trial_against_the_real_server_and_records_nothing_of_the_package() {
+    let _watch = ServerWatch;
+    let metadata = ONE_STEP.replace("max_model_calls = 4", "max_model_calls = 2") + "outputs = [\"hello.txt\"]\n";
+    let package = Package::new(&metadata, "");
+    package.write("prompts/01.md", "Write the file hello.txt containing the text: hello world.\n");
+    let before = support::snapshot(package.dir.path());
+    let started = Instant::now();
+    let out = run(package
+        .promptgen(&["eval", "--seeds", "2", "--temperature", "0.7", "--format", "json"])
+        .env("OPENAI_BASE_URL", server_url()));
+    println!("MEASURE cargo promptgen eval, 2 trials: {:.2}s\n{}", started.elapsed().as_secs_f64(), text(&out));
+    assert_eq!(out.status.code(), Some(0), "no threshold is set: {}", text(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &summary["rows"][0];
+    assert_eq!(
+        (row["step"].as_str(), row["model"].as_str(), row["trials"].as_u64()),
+        (Some("01"), Some("smollm2"), Some(2))
+    );
+    let passed = row["passed"].as_u64().unwrap();
+    let failures: u64 = row["failures"].as_array().unwrap().iter().map(|f| f[1].as_u64().unwrap()).sum();
+    assert!(failures >= 2 - passed, "every failed trial has a class: {row:#}");
+    // Real calls, real token counts, one record per trial.
+    assert!(summary["spent"]["model_calls"].as_u64().unwrap() >= 2, "{summary:#}");
+    assert!(summary["spent"]["tokens"].as_u64().unwrap() > 0, "the server counts tokens: {summary:#}");
+    let run_dir = support::shared_target().join("promptgen/eval").join(summary["run"].as_str().unwrap());
+    let trials: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("trials.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seeds: Vec<u64> = trials.iter().map(|t| t["seed"].as_u64().unwrap()).collect();
+    assert_eq!(seeds.len(), 2, "{trials:?}");
+    assert!(seeds.contains(&1) && seeds.contains(&2), "seeds 1 and 2 from the configured seed 1: {seeds:?}");
+    assert_eq!(support::changes(&before, &support::snapshot(package.dir.path())), Vec::<String>::new());
+
+    // Judged again with no server to call: nothing may need one.
+    let run_name = summary["run"].as_str().unwrap().to_string();
+    let out = run(package
+        .promptgen(&["eval", "--replay", &run_name, "--format", "json"])
+        .env("OPENAI_BASE_URL", promptgen_tests::refused_url() + "/v1"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let replayed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(replayed["rows"][0]["trials"], 2, "{replayed:#}");
+}
+
 /// A second server of our own, so that stopping it does not disturb the other tests.
 struct OwnServer {
     child: Child,
