@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
-use support::{Package, changes, finish, run, snapshot, stderr, text, write};
+use support::{
+    Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, finish, run, snapshot, stderr,
+    text, write,
+};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]
@@ -32,50 +35,11 @@ prompt = "prompts/01.md"
 outputs = ["user_json.rs"]
 "#;
 
-const MAIN: &str = r##"mod domain;
-
-#[allow(dead_code)]
-mod generated {
-    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
-}
-
-fn main() {
-    let user = domain::User { name: "Ada".into(), age: 36 };
-    println!("{}", generated::user_json::to_json(&user));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ada() -> domain::User {
-        domain::User { name: "Ada".into(), age: 36 }
-    }
-
-    #[test]
-    fn json_has_every_field() {
-        assert_eq!(generated::user_json::to_json(&ada()), r#"{"name":"Ada","age":36}"#);
-    }
-
-    #[test]
-    fn the_description_names_the_user_and_the_age() {
-        assert_eq!(generated::user_json::describe(&ada()), "Ada (36)");
-    }
-}
-"##;
-
-/// Correct: uses serde_json and the crate's own `domain::User`.
-const GOOD: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.name, user.age)\n}\n";
-/// Compiles alone; only the crate shows that `User` has no field `nmae`.
-const TYPO: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.nmae, user.age)\n}\n";
-/// Compiles; fails the hand-written test of the description.
-const WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{}, {}\", user.name, user.age)\n}\n";
-
 /// A package with serde and serde_json, `src/domain.rs` and a `main.rs` with tests that use
 /// the generated module; `metadata` changed by `edit` first. It resolves its dependencies from
 /// the workspace's lock file, offline.
 fn package(edit: impl Fn(&str) -> String) -> Package {
-    let package = Package::realistic(&edit(METADATA), MAIN);
+    let package = Package::realistic(&edit(METADATA), USER_JSON_MAIN);
     package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
     package
 }
@@ -100,7 +64,7 @@ fn promptgen(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
 
 #[test]
 fn correct_code_that_uses_the_crate_and_its_dependencies_passes_the_default_check_first_time() {
-    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish()]);
+    let server = FakeLlm::start(vec![write("user_json.rs", USER_JSON_GOOD), finish()]);
     let package = package(|m| m.to_string());
     let out = promptgen(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -118,10 +82,10 @@ fn correct_code_that_uses_the_crate_and_its_dependencies_passes_the_default_chec
 #[test]
 fn a_mistake_only_the_crate_shows_reaches_the_model_with_the_compilers_message_and_the_fix_is_recorded() {
     let server = FakeLlm::start(vec![
-        write("user_json.rs", TYPO),
+        write("user_json.rs", USER_JSON_TYPO),
         finish(),
         Reply::turn(Turn::call("read_file", serde_json::json!({"path": "src/domain.rs"}))),
-        write("user_json.rs", GOOD),
+        write("user_json.rs", USER_JSON_GOOD),
         finish(),
     ]);
     let package = package(|m| m.to_string());
@@ -142,12 +106,17 @@ fn a_mistake_only_the_crate_shows_reaches_the_model_with_the_compilers_message_a
     assert!(read.contains("pub struct User") && read.contains("pub name: String"), "{read}");
     let step = lock_of(&package).steps[0].clone();
     assert_eq!(step.check_rounds, 1, "{step:?}");
-    assert_eq!(package.read("promptgen/01/user_json.rs"), GOOD);
+    assert_eq!(package.read("promptgen/01/user_json.rs"), USER_JSON_GOOD);
 }
 
 #[test]
 fn under_cargo_test_a_failing_hand_written_test_reaches_the_model_by_name_and_the_fix_is_recorded() {
-    let server = FakeLlm::start(vec![write("user_json.rs", WRONG), finish(), write("user_json.rs", GOOD), finish()]);
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", USER_JSON_WRONG),
+        finish(),
+        write("user_json.rs", USER_JSON_GOOD),
+        finish(),
+    ]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\n"));
     let out = promptgen(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -166,13 +135,13 @@ fn under_cargo_test_a_failing_hand_written_test_reaches_the_model_by_name_and_th
     }
     assert!(!refusal.contains("json_has_every_field"), "only failing tests are named:\n{refusal}");
     assert_eq!(lock_of(&package).steps[0].fingerprint.check.as_deref(), Some("cargo test"));
-    assert_eq!(package.read("promptgen/01/user_json.rs"), GOOD);
+    assert_eq!(package.read("promptgen/01/user_json.rs"), USER_JSON_GOOD);
 }
 
 #[test]
 fn silence_after_a_refused_finish_fails_the_step_and_records_nothing() {
     let server = FakeLlm::start(vec![
-        write("user_json.rs", TYPO),
+        write("user_json.rs", USER_JSON_TYPO),
         finish(),
         Reply::turn(Turn::text("The file is written.")),
         Reply::turn(Turn::text("I am done.")),
@@ -208,7 +177,12 @@ fn wait_or_kill(mut child: Child, limit: Duration) -> Output {
 /// the candidate without waiting on the lock the outer one holds.
 #[test]
 fn an_online_build_that_regenerates_runs_its_crate_check_without_deadlock() {
-    let server = FakeLlm::start(vec![write("user_json.rs", TYPO), finish(), write("user_json.rs", GOOD), finish()]);
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", USER_JSON_TYPO),
+        finish(),
+        write("user_json.rs", USER_JSON_GOOD),
+        finish(),
+    ]);
     let package = package(|m| m.to_string());
     let child = package
         .cargo(&["build"])
@@ -303,7 +277,12 @@ fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at
 
 #[test]
 fn seed_retries_run_a_failed_step_again_with_the_next_seed_and_record_the_seed_that_worked() {
-    let server = FakeLlm::start(vec![write("user_json.rs", TYPO), finish(), write("user_json.rs", GOOD), finish()]);
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", USER_JSON_TYPO),
+        finish(),
+        write("user_json.rs", USER_JSON_GOOD),
+        finish(),
+    ]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck_rounds = 0\nseed_retries = 2\n"));
     let out = promptgen(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -328,9 +307,14 @@ fn seed_retries_run_a_failed_step_again_with_the_next_seed_and_record_the_seed_t
 #[test]
 fn secrets_in_the_environment_never_reach_the_model_through_a_tests_output() {
     let canary = "sk-canary-4f1d2e";
-    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish(), write("user_json.rs", GOOD), finish()]);
+    let server = FakeLlm::start(vec![
+        write("user_json.rs", USER_JSON_GOOD),
+        finish(),
+        write("user_json.rs", USER_JSON_GOOD),
+        finish(),
+    ]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\ncheck_rounds = 1\n"));
-    let leaky = MAIN.replace(
+    let leaky = USER_JSON_MAIN.replace(
         "    #[test]\n    fn json_has_every_field() {",
         "    #[test]\n    fn prints_the_environment() {\n        let env: Vec<String> = std::env::vars().map(|(k, v)| format!(\"{k}={v}\")).collect();\n        panic!(\"{}\", env.join(\"\\n\"));\n    }\n\n    #[test]\n    fn json_has_every_field() {",
     );
@@ -359,7 +343,7 @@ fn secrets_in_the_environment_never_reach_the_model_through_a_tests_output() {
 #[test]
 fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_nothing() {
     use std::io::Read;
-    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish()]);
+    let server = FakeLlm::start(vec![write("user_json.rs", USER_JSON_GOOD), finish()]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\n"));
     let out = promptgen(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -378,7 +362,7 @@ fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_
     );
     package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User, briefly.\n");
     let before = snapshot(package.dir.path());
-    server.push(write("user_json.rs", GOOD));
+    server.push(write("user_json.rs", USER_JSON_GOOD));
     server.push(finish());
     let mut child = package
         .promptgen(&[])
@@ -461,7 +445,7 @@ fn compile_time_reads_of_secrets_are_refused_under_every_check() {
         let honest = if check == "rustc" {
             "pub fn describe(name: &str, age: u32) -> String {\n    format!(\"{name} ({age})\")\n}\n"
         } else {
-            GOOD
+            USER_JSON_GOOD
         };
         let mut script: Vec<Reply> =
             attempts.iter().map(|code| write("user_json.rs", &format!("{code}{honest}"))).collect();
@@ -496,7 +480,7 @@ fn compile_time_reads_of_secrets_are_refused_under_every_check() {
 #[test]
 fn a_command_check_that_prints_the_env_file_has_its_secrets_withheld() {
     let canary = "sk-env-canary-a93f";
-    let server = FakeLlm::start(vec![write("user_json.rs", GOOD), finish(), finish()]);
+    let server = FakeLlm::start(vec![write("user_json.rs", USER_JSON_GOOD), finish(), finish()]);
     let package = package(|m| {
         m.replace(
             "seed = 7\n",

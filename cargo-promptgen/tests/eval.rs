@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::{Value, json};
-use support::{Package, changes, run, snapshot, stderr, stdout, text};
+use support::{
+    Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, run, snapshot, stderr, stdout,
+    text,
+};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]
@@ -41,52 +44,15 @@ prompt = "prompts/02.md"
 outputs = ["greeting.rs"]
 "#;
 
-const MAIN: &str = r##"mod domain;
-
-#[allow(dead_code)]
-mod generated {
-    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
-}
-
-fn main() {
-    let user = domain::User { name: "Ada".into(), age: 36 };
-    println!("{}", generated::user_json::to_json(&user));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ada() -> domain::User {
-        domain::User { name: "Ada".into(), age: 36 }
-    }
-
-    #[test]
-    fn json_has_every_field() {
-        assert_eq!(generated::user_json::to_json(&ada()), r#"{"name":"Ada","age":36}"#);
-    }
-
-    #[test]
-    fn the_description_names_the_user_and_the_age() {
-        assert_eq!(generated::user_json::describe(&ada()), "Ada (36)");
-    }
-}
-"##;
-
-const GOOD: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.name, user.age)\n}\n";
-/// Only the crate shows that `User` has no field `nmae` (E0609).
-const TYPO: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.nmae, user.age)\n}\n";
-/// Compiles; fails the hand-written test of the description.
-const WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{}, {}\", user.name, user.age)\n}\n";
 const GREETING: &str = "use crate::domain::User;\n\npub fn greet(user: &User) -> String {\n    format!(\"Hello, {}!\", super::user_json::describe(user))\n}\n";
 
 /// What `good-coder` writes for step 01 with each seed (10..=14): three of five pass, one
 /// fails the crate check, one fails a test.
 fn user_json_for(seed: u64) -> &'static str {
     match seed % 5 {
-        2 => TYPO,
-        3 => WRONG,
-        _ => GOOD,
+        2 => USER_JSON_TYPO,
+        3 => USER_JSON_WRONG,
+        _ => USER_JSON_GOOD,
     }
 }
 
@@ -120,7 +86,7 @@ fn server() -> FakeLlm {
 }
 
 fn package(metadata: &str) -> Package {
-    let package = Package::realistic(metadata, MAIN);
+    let package = Package::realistic(metadata, USER_JSON_MAIN);
     package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
     package.write("prompts/02.md", "Write greeting.rs: greet(user) using user_json::describe.\n");
     package
@@ -176,7 +142,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     assert!((low - 0.2307).abs() < 1e-3 && (high - 0.8824).abs() < 1e-3, "Wilson 3/5: {low} {high}");
     assert_eq!(good["k"], 3);
     assert!((good["pass_hat_k"].as_f64().unwrap() - 0.1).abs() < 1e-12, "C(3,3)/C(5,3): {good:#}");
-    assert_eq!(good["distinct_outputs"], 3, "GOOD, TYPO and WRONG: {good:#}");
+    assert_eq!(good["distinct_outputs"], 3, "USER_JSON_GOOD, USER_JSON_TYPO and USER_JSON_WRONG: {good:#}");
     assert_eq!(good["median_calls"], 2);
     assert_eq!(
         good["failures"],
@@ -212,7 +178,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     let trials = std::fs::read_to_string(run_dir.join("trials.jsonl")).unwrap();
     assert_eq!(trials.lines().count(), 10, "{trials}");
     assert!(run_dir.join("transcripts/01.m0.s12.jsonl").is_file());
-    assert_eq!(std::fs::read_to_string(run_dir.join("trees/01.m0.s13/user_json.rs")).unwrap(), WRONG);
+    assert_eq!(std::fs::read_to_string(run_dir.join("trees/01.m0.s13/user_json.rs")).unwrap(), USER_JSON_WRONG);
     let out = promptgen(&package, &server, &["log", "--eval", &run, "01.m0.s12", "--color", "never"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let log = stdout(&out);
@@ -270,7 +236,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     // --replay: no model is called, and the kept files are judged by today's tests. Drop the
     // test that the wrong description failed: that trial now passes; the typo still fails,
     // and bad-coder's trials, which never asked to finish, keep their outcome.
-    package.write("src/main.rs", &MAIN.replace("\"Ada (36)\"", "generated::user_json::describe(&ada())"));
+    package.write("src/main.rs", &USER_JSON_MAIN.replace("\"Ada (36)\"", "generated::user_json::describe(&ada())"));
     let requests = server.requests().len();
     let out = promptgen(&package, &server, &["eval", "--replay", &run, "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -282,7 +248,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     assert_eq!(good["failures"], json!([["compiler error E0609", 1]]));
     assert_eq!(row(&replayed, "01", "bad-coder")["failures"], json!([["no finish", 5]]));
     assert_eq!(replayed["spent"]["model_calls"], summary["spent"]["model_calls"], "what the trials cost then");
-    package.write("src/main.rs", MAIN);
+    package.write("src/main.rs", USER_JSON_MAIN);
 
     // --chain: each trial runs 01 then 02 on what 01 wrote in the same trial.
     let requests = server.requests().len();

@@ -121,6 +121,48 @@ pub const SERDE_DEPENDENCIES: &str = "serde = { version = \"1\", features = [\"d
 pub const DOMAIN: &str =
     "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";
 
+/// `src/main.rs` of [`Package::realistic`] crates whose step writes `user_json.rs`: it mounts
+/// the generated modules, and its tests, which use them, are the step's acceptance test.
+pub const USER_JSON_MAIN: &str = r##"mod domain;
+
+#[allow(dead_code)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/promptgen.rs"));
+}
+
+fn main() {
+    let user = domain::User { name: "Ada".into(), age: 36 };
+    println!("{}", generated::user_json::to_json(&user));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ada() -> domain::User {
+        domain::User { name: "Ada".into(), age: 36 }
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        assert_eq!(generated::user_json::to_json(&ada()), r#"{"name":"Ada","age":36}"#);
+    }
+
+    #[test]
+    fn the_description_names_the_user_and_the_age() {
+        assert_eq!(generated::user_json::describe(&ada()), "Ada (36)");
+    }
+}
+"##;
+
+/// `user_json.rs` done right: serde_json and the crate's own `domain::User`.
+pub const USER_JSON_GOOD: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.name, user.age)\n}\n";
+/// `user_json.rs` that compiles alone; only the crate shows that `User` has no field `nmae`
+/// (E0609).
+pub const USER_JSON_TYPO: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{} ({})\", user.nmae, user.age)\n}\n";
+/// `user_json.rs` that compiles and fails the crate's test of the description.
+pub const USER_JSON_WRONG: &str = "use crate::domain::User;\n\npub fn to_json(user: &User) -> String {\n    serde_json::to_string(user).expect(\"a User always serialises\")\n}\n\npub fn describe(user: &User) -> String {\n    format!(\"{}, {}\", user.name, user.age)\n}\n";
+
 /// The workspace's `Cargo.lock`.
 pub fn workspace_lock() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap()
