@@ -119,6 +119,7 @@ mod workspace;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -139,6 +140,12 @@ use schema::{ChainTable, JOBS_EXPECTED, Manifest, one_of, parse_word};
 use source::Source;
 use tables::{Ctx, Layer, check_steps, eval_settings, value};
 use workspace::{find_workspace, package_edition};
+
+/// The temperatures a step may sample at (`temperature`, and `eval --temperature`).
+pub const TEMPERATURES: RangeInclusive<f64> = 0.0..=2.0;
+
+/// The pass rates a threshold may ask for (`min_pass_rate`, and `eval --min-pass-rate`).
+pub const PASS_RATES: RangeInclusive<f64> = 0.0..=1.0;
 
 /// The names of every environment variable `load` reads (for build scripts'
 /// `cargo:rerun-if-env-changed`).

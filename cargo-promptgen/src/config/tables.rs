@@ -18,7 +18,7 @@ use super::error::{ConfigError, ConfigErrorKind};
 use super::paths::{input_virtual_path, lexical_join, output_path};
 use super::schema::{CACHE_URL_EXPECTED, ChainTable, CheckValue, expected_of};
 use super::source::{Source, closest, quoted};
-use super::{CheckSpec, EvalSettings, Input, Origin, StepConfig};
+use super::{CheckSpec, EvalSettings, Input, Origin, PASS_RATES, StepConfig, TEMPERATURES};
 use crate::cache::CacheUrl;
 
 /// `[package.metadata.promptgen.eval]` over the workspace's (`layers`, the package's first):
@@ -39,7 +39,7 @@ pub(super) fn eval_settings(layers: &[Layer<'_>], steps: &[StepConfig]) -> Resul
             };
             return Err(package.ctx.error(rate, &name, ConfigErrorKind::UnknownKey { hint, known: quoted(ids()) }));
         }
-        per_step.insert(id.clone(), package.ctx.in_range(&name, rate, 0.0..=1.0)?);
+        per_step.insert(id.clone(), package.ctx.in_range(&name, rate, PASS_RATES)?);
     }
     Ok(EvalSettings { min_pass_rate, steps: per_step })
 }
@@ -240,7 +240,11 @@ macro_rules! check_shared {
         Shared {
             model: table.model.as_ref().map(|v| ctx.non_empty("model", v)).transpose()?,
             seed: value(&table.seed),
-            temperature: table.temperature.as_ref().map(|v| ctx.in_range("temperature", v, 0.0..=2.0)).transpose()?,
+            temperature: table
+                .temperature
+                .as_ref()
+                .map(|v| ctx.in_range("temperature", v, TEMPERATURES))
+                .transpose()?,
             max_model_calls: value(&table.max_model_calls).map(NonZeroU32::get),
             protocol: value(&table.protocol),
             system_prompt: table
@@ -284,7 +288,7 @@ impl<'a> Layer<'a> {
         let eval = table.eval.as_ref().map(Spanned::get_ref);
         let min_pass_rate = eval
             .and_then(|e| e.min_pass_rate.as_ref())
-            .map(|r| ctx.in_range("eval.min_pass_rate", r, 0.0..=1.0))
+            .map(|r| ctx.in_range("eval.min_pass_rate", r, PASS_RATES))
             .transpose()?;
         Ok(Layer { ctx, origin, table, shared, cache_url, min_pass_rate })
     }

@@ -3,10 +3,11 @@
 
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
+use std::ops::RangeInclusive;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cargo_promptgen::__private::config::Overrides;
+use cargo_promptgen::__private::config::{self, Overrides};
 use cargo_promptgen::__private::eval::record::TrialRecord;
 use cargo_promptgen::__private::eval::score::Row;
 use cargo_promptgen::__private::eval::{self, Outcome, Pace, Report, Spec};
@@ -35,7 +36,7 @@ pub struct EvalArgs {
     #[arg(long, conflicts_with = "steps")]
     chain: bool,
     /// Sample at this temperature (0 to 2) instead of the configured one.
-    #[arg(long, value_name = "T", value_parser = number_in(0.0, 2.0, "a temperature"))]
+    #[arg(long, value_name = "T", value_parser = number_in(config::TEMPERATURES, "a temperature"))]
     temperature: Option<f64>,
     /// Run up to N trials at once (beats PROMPTGEN_JOBS and `jobs`; default 1).
     #[arg(short = 'j', long, value_name = "N")]
@@ -48,7 +49,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     k: u32,
     /// The pass rate every step × model must reach (beats `[package.metadata.promptgen.eval]`).
-    #[arg(long, value_name = "RATE", value_parser = number_in(0.0, 1.0, "a pass rate"))]
+    #[arg(long, value_name = "RATE", value_parser = number_in(config::PASS_RATES, "a pass rate"))]
     min_pass_rate: Option<f64>,
     /// How to print the results.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -80,12 +81,15 @@ pub enum Format {
     Junit,
 }
 
-/// A parser of numbers from `low` to `high`, so that a value out of range is a usage error
-/// (exit 2) that says what `what` must be.
-fn number_in(low: f64, high: f64, what: &'static str) -> impl Fn(&str) -> Result<f64, String> + Clone {
+/// A parser of numbers in `range`, so that a value out of it is a usage error (exit 2) that
+/// says what `what` must be.
+fn number_in(range: RangeInclusive<f64>, what: &'static str) -> impl Fn(&str) -> Result<f64, String> + Clone {
     move |text| match text.parse::<f64>() {
-        Ok(n) if (low..=high).contains(&n) => Ok(n),
-        _ => Err(format!("{what} is a number from {low} to {high}, e.g. {}", (low + high) / 2.0)),
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => {
+            let (low, high) = (range.start(), range.end());
+            Err(format!("{what} is a number from {low} to {high}, e.g. {}", (low + high) / 2.0))
+        }
     }
 }
 
