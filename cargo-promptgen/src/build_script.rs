@@ -2,17 +2,17 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::MissingFile;
 use crate::config::{self, Chain, Overrides, StoreMode};
 use crate::error::{Error, StaleStep};
-#[cfg(feature = "online")]
-use crate::generate::{Destination, Progress, bring_up_to_date};
-use crate::layout::{Layout, target_dir_from_out_dir};
+use crate::files::sync_dir;
 use crate::mount::{MODULES_FILE, OUT_SUBDIR, TREE_PACKAGE_VAR, TREE_VAR, module_tree};
-use crate::out_dir::sync_dir;
-use crate::plan::{Records, StepState, plan, stale_steps};
-use crate::process_lock::ProcessLock;
-use crate::store::Files;
+use crate::plan::assess::{Records, StepState, plan, stale_steps};
+use crate::record::cache::MissingFile;
+use crate::record::layout::{Layout, target_dir_from_out_dir};
+use crate::record::process_lock::ProcessLock;
+use crate::record::store::Files;
+#[cfg(feature = "online")]
+use crate::run::schedule::{Destination, Progress, bring_up_to_date};
 
 /// Variables that switch a build to offline mode: any non-empty value but `0` or `false`
 /// for `PROMPTGEN_OFFLINE`, any value at all for `CI`.
@@ -229,7 +229,7 @@ impl Builder {
             println!("cargo:rerun-if-changed={}", tree.display());
         }
         let mut files = Files::new();
-        for path in crate::store::walk_files(tree) {
+        for path in crate::record::store::walk_files(tree) {
             let bytes = codegen_core::__private::fs::read(&tree.join(&path))?;
             files.insert(path, bytes);
         }
@@ -318,8 +318,8 @@ fn env_path(name: &'static str) -> Result<PathBuf, Error> {
 /// Tells Cargo to run the build script again when anything that can change the tree changes.
 fn emit_rerun_directives(chain: &Chain) {
     let mut paths: Vec<&Path> = vec![&chain.manifest_path];
-    let lock = chain.package_dir.join(crate::lock::LOCK_FILE);
-    let store = chain.package_dir.join(crate::layout::STORE_DIR);
+    let lock = chain.package_dir.join(crate::record::lock::LOCK_FILE);
+    let store = chain.package_dir.join(crate::record::layout::STORE_DIR);
     paths.push(&lock);
     // In cache mode the files come from the cache, named by the lock's hashes: the lock is
     // what changes. (A path that does not exist would make Cargo run this script every time.)

@@ -8,8 +8,8 @@ use codegen_core::FsError;
 use codegen_core::backend::BackendError;
 use codegen_core::sandbox::SandboxError;
 
-use crate::cache::MissingFile;
 use crate::config::ConfigError;
+use crate::record::cache::MissingFile;
 
 /// Why a chain could not be checked, run, accepted or built.
 #[derive(thiserror::Error)]
@@ -211,7 +211,7 @@ pub enum Error {
     /// The cache's S3 remote failed (`cargo promptgen push`, `pull`; the `cli` feature).
     #[cfg(feature = "cli")]
     #[error(transparent)]
-    Remote(Box<crate::remote::RemoteError>),
+    Remote(Box<crate::remote::s3::RemoteError>),
     /// The build script's environment lacks something Cargo always sets.
     #[error("environment variable {name} is not set: {hint}")]
     Env {
@@ -223,8 +223,8 @@ pub enum Error {
 }
 
 #[cfg(feature = "cli")]
-impl From<crate::remote::RemoteError> for Error {
-    fn from(error: crate::remote::RemoteError) -> Error {
+impl From<crate::remote::s3::RemoteError> for Error {
+    fn from(error: crate::remote::s3::RemoteError) -> Error {
         Error::Remote(Box::new(error))
     }
 }

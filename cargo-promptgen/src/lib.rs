@@ -101,38 +101,23 @@
 //! that is not part of the API and may change in any release.
 #![deny(missing_docs)]
 
-mod attempts;
 mod build_script;
-mod cache;
 #[cfg(feature = "online")]
 mod check;
 mod config;
-#[cfg(feature = "online")]
-mod confine;
-#[cfg(feature = "online")]
-mod diagnostics;
 mod error;
 #[cfg(feature = "online")]
 mod eval;
-#[cfg(feature = "online")]
-mod generate;
+mod files;
 mod graph;
-mod layout;
-mod lock;
 mod mount;
-mod out_dir;
 mod plan;
-mod process_lock;
-#[cfg(feature = "online")]
-mod redact;
+mod record;
 #[cfg(feature = "cli")]
 mod remote;
-mod report;
-#[cfg(feature = "online")]
 mod review;
-mod store;
-#[cfg(feature = "cli")]
-mod sync;
+#[cfg(feature = "online")]
+mod run;
 
 pub use build_script::{BuildReport, Builder, build};
 pub use codegen_core::FsError;
@@ -144,22 +129,23 @@ pub use error::{Error, StaleStep};
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
+    #[cfg(feature = "online")]
     pub mod attempts {
-        pub use crate::attempts::*;
+        pub use crate::run::attempts::*;
     }
     pub mod cache {
-        pub use crate::cache::*;
+        pub use crate::record::cache::*;
     }
     #[cfg(feature = "online")]
     pub mod check {
-        pub use crate::check::*;
+        pub use crate::check::crate_check::*;
     }
     pub mod config {
         pub use crate::config::*;
     }
     #[cfg(feature = "online")]
     pub mod confine {
-        pub use crate::confine::*;
+        pub use crate::check::confine::*;
     }
     pub mod error {
         pub use crate::error::*;
@@ -170,42 +156,42 @@ pub mod __private {
     }
     #[cfg(feature = "online")]
     pub mod generate {
-        pub use crate::generate::*;
+        pub use crate::run::schedule::*;
     }
     pub mod graph {
         pub use crate::graph::*;
     }
     pub mod layout {
-        pub use crate::layout::*;
+        pub use crate::record::layout::*;
     }
     pub mod lock {
-        pub use crate::lock::*;
+        pub use crate::record::lock::*;
     }
     pub mod out_dir {
-        pub use crate::out_dir::*;
+        pub use crate::files::*;
     }
     pub mod plan {
-        pub use crate::plan::*;
+        pub use crate::plan::assess::*;
     }
     pub mod process_lock {
-        pub use crate::process_lock::*;
+        pub use crate::record::process_lock::*;
     }
     #[cfg(feature = "cli")]
     pub mod remote {
-        pub use crate::remote::*;
+        pub use crate::remote::s3::*;
     }
     pub mod report {
-        pub use crate::report::*;
+        pub use crate::review::status::*;
     }
     #[cfg(feature = "online")]
     pub mod review {
-        pub use crate::review::*;
+        pub use crate::review::decide::*;
     }
     pub mod store {
-        pub use crate::store::*;
+        pub use crate::record::store::*;
     }
     #[cfg(feature = "cli")]
     pub mod sync {
-        pub use crate::sync::*;
+        pub use crate::remote::sync::*;
     }
 }

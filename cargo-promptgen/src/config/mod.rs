@@ -64,7 +64,7 @@
 //! steps of which neither runs after the other (transitively) may not declare the same output
 //! file. A step without `after` runs after the step before it in id order (the first step after
 //! none), so chains written before `after` existed keep their meaning and their keys. The cache folder is `PROMPTGEN_CACHE_DIR` (an absolute path), else the user's cache
-//! folder (see [`crate::cache::default_dir`]); `store = "cache"` without either is an error.
+//! folder (see [`crate::record::cache::default_dir`]); `store = "cache"` without either is an error.
 //!
 //! `[workspace.metadata.promptgen]` may set every chain-level key except `steps` (and
 //! `eval.steps`, which name one package's steps); its file paths are relative to the workspace
@@ -129,8 +129,8 @@ use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, openai};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::cache::CacheUrl;
 use crate::graph::Graph;
+use crate::record::cache::CacheUrl;
 
 use after::{GraphDecl, resolve_graph};
 pub use edit::with_store;
@@ -158,7 +158,7 @@ pub const ENV_VARS: &[&str] = &[
     "OLLAMA_HOST",
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
-    // Where the cache is (see `crate::cache::DIR_VARS`).
+    // Where the cache is (see `crate::record::cache::DIR_VARS`).
     "PROMPTGEN_CACHE_DIR",
     "XDG_CACHE_HOME",
     "HOME",
@@ -175,7 +175,7 @@ pub enum StoreMode {
     /// In the package's `promptgen/` folder, committed beside the lock.
     #[default]
     Repo,
-    /// In the content-addressed cache (`crate::cache`); only the lock is committed.
+    /// In the content-addressed cache (`crate::record::cache`); only the lock is committed.
     Cache,
 }
 
@@ -302,7 +302,7 @@ pub struct Chain {
     pub jobs: usize,
     /// Where the outputs the lock records are kept (`store`, default [`StoreMode::Repo`]).
     pub store: StoreMode,
-    /// The cache folder the environment names ([`crate::cache::default_dir`]); always set
+    /// The cache folder the environment names ([`crate::record::cache::default_dir`]); always set
     /// when [`Chain::store`] is [`StoreMode::Cache`].
     pub cache_dir: Option<PathBuf>,
     /// The cache's shared remote (`cache_url`), in either mode.
@@ -667,7 +667,7 @@ pub fn load(
     // Where the outputs live, and the cache folder (needed in cache mode, and to switch to it).
     let store = first(&layers, |t| &t.store).unwrap_or(StoreMode::Repo);
     let cache_url = layers.iter().find_map(|l| l.cache_url.clone());
-    let cache_dir = crate::cache::default_dir(env).map_err(|(key, value)| {
+    let cache_dir = crate::record::cache::default_dir(env).map_err(|(key, value)| {
         refused(key, ConfigErrorKind::Env { value, expected: "an absolute path to the cache folder".into() })
     })?;
     if store == StoreMode::Cache

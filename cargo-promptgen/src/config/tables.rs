@@ -19,7 +19,7 @@ use super::paths::{input_virtual_path, lexical_join, output_path};
 use super::schema::{CACHE_URL_EXPECTED, ChainTable, CheckValue, expected_of};
 use super::source::{Source, closest, quoted};
 use super::{CheckSpec, EvalSettings, Input, Origin, PASS_RATES, StepConfig, TEMPERATURES};
-use crate::cache::CacheUrl;
+use crate::record::cache::CacheUrl;
 
 /// `[package.metadata.promptgen.eval]` over the workspace's (`layers`, the package's first):
 /// the package's `min_pass_rate` beats the workspace's, and each rate of `steps` must be for a

@@ -32,15 +32,15 @@ use codegen_core::check::CheckOutcome;
 use codegen_core::transcript::{Event, Volatility};
 use serde_json::json;
 
-use crate::check::{CheckSetup, check_for};
+use crate::check::crate_check::{CheckSetup, check_for};
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::Error;
-use crate::generate::{Attempted, Surroundings, attempt, recorded_files, the_rest_of_the_chain};
-use crate::layout::Layout;
-use crate::lock::{LockedFile, sha256_hex};
-use crate::out_dir::sync_dir;
-use crate::plan::{Records, plan};
-use crate::store::{Files, walk_files};
+use crate::files::sync_dir;
+use crate::plan::assess::{Records, plan};
+use crate::record::layout::Layout;
+use crate::record::lock::{LockedFile, sha256_hex};
+use crate::record::store::{Files, walk_files};
+use crate::run::schedule::{Attempted, Surroundings, attempt, recorded_files, the_rest_of_the_chain};
 use record::{RunDir, RunPlan, TrialRecord};
 use score::{Row, Verdict};
 
@@ -281,7 +281,7 @@ pub fn start(
         .filter(|a| steps.contains(&a.id))
         .map(|a| (a.id.clone(), a.fingerprint.key()))
         .collect();
-    let now = crate::attempts::now();
+    let now = crate::run::attempts::now();
     let run = RunDir::create(layout, &chain.package_name, now)?;
     let plan = RunPlan {
         package: chain.package_name.clone(),
@@ -317,7 +317,7 @@ pub fn resume(
         return rejudge(chain, layout, run, plan, &original, pace, report);
     }
     let now: BTreeMap<String, String> =
-        crate::plan::plan(chain, &records)?.into_iter().map(|a| (a.id.clone(), a.fingerprint.key())).collect();
+        crate::plan::assess::plan(chain, &records)?.into_iter().map(|a| (a.id.clone(), a.fingerprint.key())).collect();
     for (id, key) in &plan.keys {
         match now.get(id) {
             Some(current) if current == key => {}
@@ -355,7 +355,7 @@ pub fn replay(
 ) -> Result<Outcome, Error> {
     let original = RunDir::open(layout, &chain.package_name, Some(name))?;
     let mut plan = original.read_plan()?;
-    let now = crate::attempts::now();
+    let now = crate::run::attempts::now();
     let run = RunDir::create(layout, &chain.package_name, now)?;
     plan.replay_of = Some(original.name.clone());
     plan.started_at = now;
@@ -731,8 +731,8 @@ fn run_trial(
     let (mounted, later) = the_rest_of_the_chain(chain, index, &work.recorded);
     let check_tree = work.layout.check_tree_dir(&format!(".eval-{slot}"));
     let surroundings = Surroundings { tree, mounted, later, check_tree, cancel: &work.cancel };
-    let mut quiet = |_: crate::generate::Progress| {};
-    let progress: RefCell<&mut dyn FnMut(crate::generate::Progress)> = RefCell::new(&mut quiet);
+    let mut quiet = |_: crate::run::schedule::Progress| {};
+    let progress: RefCell<&mut dyn FnMut(crate::run::schedule::Progress)> = RefCell::new(&mut quiet);
     let started = Instant::now();
     let Attempted { outcome, files, .. } =
         attempt(chain, work.layout, &step, Some(seed), &mut backend, &surroundings, &progress)?;

@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use super::score::Verdict;
 use crate::error::Error;
-use crate::layout::Layout;
-use crate::lock::LockedFile;
+use crate::record::layout::Layout;
+use crate::record::lock::LockedFile;
 
 /// What an evaluation run was asked to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 //!     ├── 01.transcript.jsonl    keep it), and its conversation without volatile fields
 //!     └── ...
 //! <cache>/                       store = "cache": the same files by hash, outside the package
-//! ├── sha256/ab/ab3f…            (see `crate::cache`), and the transcripts by step key
+//! ├── sha256/ab/ab3f…            (see `crate::record::cache`), and the transcripts by step key
 //! └── transcripts/<key>.jsonl
 //! <target>/promptgen/
 //! ├── <package>.lock             process lock: one process at a time per package
@@ -26,11 +26,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::{Cache, CacheUrl};
 use crate::config::{Chain, StoreMode};
 use crate::error::Error;
-use crate::lock::LOCK_FILE;
-use crate::store::Storage;
+use crate::record::cache::{Cache, CacheUrl};
+use crate::record::lock::LOCK_FILE;
+use crate::record::store::Storage;
 
 /// The store's folder name inside the package.
 pub const STORE_DIR: &str = "promptgen";
@@ -131,13 +131,13 @@ impl Layout {
         self.target_area.join("work").join(&self.package_name)
     }
 
-    /// Where each step's last attempts are kept (see [`crate::attempts`]).
+    /// Where each step's last attempts are kept (see [`crate::run::attempts`]).
     pub fn attempts_dir(&self) -> PathBuf {
         self.target_area.join("attempts").join(&self.package_name)
     }
 
     /// The file that processes lock to take turns on this package (the mutex of
-    /// [`crate::process_lock`], not `promptgen.lock`).
+    /// [`crate::record::process_lock`], not `promptgen.lock`).
     pub fn process_lock_path(&self) -> PathBuf {
         self.target_area.join(format!("{}.lock", self.package_name))
     }

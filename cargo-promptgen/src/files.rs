@@ -12,7 +12,7 @@ use std::path::Path;
 use codegen_core::__private::fs::{self, FsError};
 
 use crate::error::Error;
-use crate::store::Files;
+use crate::record::store::Files;
 
 /// Makes the folder `dir` (created when missing) hold exactly `files`: removes every other
 /// file or link, writes the files whose bytes differ, and leaves the rest alone. Returns how

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use codegen_core::__private::fs;
 
 use crate::error::Error;
-use crate::lock::{LockedStep, sha256_hex};
-use crate::store::Files;
+use crate::record::lock::{LockedStep, sha256_hex};
+use crate::record::store::Files;
 
 /// The variable that names the cache folder; it beats the user's cache folder.
 pub const CACHE_DIR_VAR: &str = "PROMPTGEN_CACHE_DIR";
@@ -259,7 +259,7 @@ impl fmt::Display for CacheUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::{Fingerprint, LockedFile};
+    use crate::record::lock::{Fingerprint, LockedFile};
 
     fn entry(files: &[(&str, &[u8])]) -> LockedStep {
         let fingerprint = Fingerprint {

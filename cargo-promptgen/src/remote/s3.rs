@@ -36,7 +36,7 @@ use aws_sigv4::http_request::{
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 
-use crate::cache::CacheUrl;
+use crate::record::cache::CacheUrl;
 
 /// Tries of one request: the first and this many retries.
 const RETRIES: u32 = 3;
@@ -322,7 +322,7 @@ impl Remote {
     pub fn get_object(&self, sha256: &str) -> Result<Option<Vec<u8>>, RemoteError> {
         let name = format!("sha256/{sha256}");
         let Some(bytes) = self.get(&name)? else { return Ok(None) };
-        let actual = crate::lock::sha256_hex(&bytes);
+        let actual = crate::record::lock::sha256_hex(&bytes);
         if actual != sha256 {
             return Err(RemoteError::Damaged {
                 remote: self.describe(),

@@ -18,7 +18,7 @@ use codegen_core::__private::fs;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::layout::Layout;
+use crate::record::layout::Layout;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use codegen_core::__private::fs;
 
-use crate::cache::Cache;
 use crate::error::Error;
-use crate::layout::Store;
-use crate::lock::{Lock, LockedStep, sha256_hex};
+use crate::record::cache::Cache;
+use crate::record::layout::Store;
+use crate::record::lock::{Lock, LockedStep, sha256_hex};
 
 /// A generated tree or part of one: path (forward slashes) to bytes, in path order.
 pub type Files = std::collections::BTreeMap<String, Vec<u8>>;

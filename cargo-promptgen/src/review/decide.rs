@@ -10,9 +10,9 @@ use codegen_core::__private::fs;
 
 use crate::config::Chain;
 use crate::error::Error;
-use crate::generate::discard_pending;
-use crate::layout::Layout;
-use crate::plan::{Records, StepState, plan};
+use crate::plan::assess::{Records, StepState, plan};
+use crate::record::layout::Layout;
+use crate::run::schedule::discard_pending;
 
 /// The steps whose pending results can be reviewed, in chain order.
 pub fn pending_steps(chain: &Chain, layout: &Layout) -> Result<Vec<String>, Error> {

@@ -5,7 +5,7 @@ use std::fs::File;
 use codegen_core::__private::fs::{self, FsError};
 
 use crate::error::Error;
-use crate::layout::Layout;
+use crate::record::layout::Layout;
 
 /// Held while a process reads or writes a package's lock, store or pending area; released
 /// when dropped (and by the OS if the process dies).

@@ -12,17 +12,17 @@ use codegen_core::sandbox::{Sandbox, SandboxBuilder};
 use codegen_core::transcript::{Event, Volatility};
 use codegen_core::{Cancel, Observer};
 
-use crate::attempts::{self, Outcome, PartialReply};
+use crate::run::attempts::{self, Outcome, PartialReply};
 
-use crate::check::{CheckSetup, Later, check_for};
+use crate::check::crate_check::{CheckSetup, Later, check_for};
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::Error;
+use crate::files::sync_dir;
 use crate::graph::Graph;
-use crate::layout::Layout;
-use crate::lock::{Lock, LockedFile, LockedStep, sha256_hex};
-use crate::out_dir::sync_dir;
-use crate::plan::{Assessed, Records, StepState, Upstream, assess};
-use crate::store::{Files, Storage};
+use crate::plan::assess::{Assessed, Records, StepState, Upstream, assess};
+use crate::record::layout::Layout;
+use crate::record::lock::{Lock, LockedFile, LockedStep, sha256_hex};
+use crate::record::store::{Files, Storage};
 
 /// Where regenerated steps are recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -722,7 +722,7 @@ pub(crate) fn attempt(
             }
         }
         Err(_) => {
-            for path in crate::store::walk_files(&output_root) {
+            for path in crate::record::store::walk_files(&output_root) {
                 let bytes = codegen_core::__private::fs::read(&output_root.join(&path))?;
                 if tree.get(&path) != Some(&bytes) {
                     files.insert(path, bytes);
@@ -736,7 +736,7 @@ pub(crate) fn attempt(
 /// Runs one step in a scratch copy of the tree, with the rest of the chain for its check;
 /// again with the next seed after a failed run, up to `seed_retries` times. Nothing outside
 /// the scratch folders changes, except that each run's transcript is kept under the target
-/// folder for `cargo promptgen log` (see [`crate::attempts`]).
+/// folder for `cargo promptgen log` (see [`crate::run::attempts`]).
 fn run_step(
     chain: &Chain,
     layout: &Layout,
@@ -967,7 +967,7 @@ fn sandbox_for(chain: &Chain, step: &StepConfig, output_root: &std::path::Path) 
         mounted.push(input.virtual_path.clone());
     }
     if matches!(step.check, CheckSpec::CargoCheck | CheckSpec::CargoTest) {
-        for name in crate::check::CRATE_FILES_THE_MODEL_READS {
+        for name in crate::check::crate_check::CRATE_FILES_THE_MODEL_READS {
             let real = chain.package_dir.join(name);
             let taken = mounted.iter().any(|m| m == name || m.starts_with(&format!("{name}/")))
                 || step.outputs.iter().any(|o| o == name || o.starts_with(&format!("{name}/")));
@@ -993,7 +993,7 @@ pub struct AcceptReport {
 pub fn accept(chain: &Chain, layout: &Layout) -> Result<AcceptReport, Error> {
     let records = Records::read(layout)?;
     let Some(pending) = &records.pending else { return Ok(AcceptReport::default()) };
-    let plan = crate::plan::plan(chain, &records)?;
+    let plan = crate::plan::assess::plan(chain, &records)?;
     let order: Vec<String> = chain.steps.iter().map(|s| s.id.clone()).collect();
     let mut lock: Lock = records.lock.clone();
     let mut report = AcceptReport::default();

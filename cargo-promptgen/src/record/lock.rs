@@ -156,7 +156,7 @@ impl Lock {
         let bad_hash = lock.steps.iter().find_map(|step| {
             std::iter::once(("key", &step.key))
                 .chain(step.files.iter().map(|f| ("sha256", &f.sha256)))
-                .find(|(_, hash)| !crate::cache::is_sha256(hash))
+                .find(|(_, hash)| !crate::record::cache::is_sha256(hash))
                 .map(|(field, hash)| {
                     format!("step {} has {field} = {hash:?}, which is not a SHA-256 (64 hex digits)", step.id)
                 })

@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use codegen_core::__private::fs;
 
-use crate::cache::{Cache, Lookup, MissingFile};
 use crate::config::{self, Chain, StoreMode};
 use crate::error::Error;
-use crate::layout::Layout;
-use crate::lock::{Lock, LockedStep};
-use crate::remote::{Remote, RemoteError};
-use crate::store::{Files, Storage};
+use crate::record::cache::{Cache, Lookup, MissingFile};
+use crate::record::layout::Layout;
+use crate::record::lock::{Lock, LockedStep};
+use crate::record::store::{Files, Storage};
+use crate::remote::s3::{Remote, RemoteError};
 
 /// How many transfers run at once.
 const PARALLEL: usize = 8;
@@ -213,7 +213,7 @@ pub fn pull(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Resul
 }
 
 fn shown(object: &MissingFile) -> String {
-    format!("step {}: `{}` (sha256 {})", object.step, object.path, crate::cache::short(&object.sha256))
+    format!("step {}: `{}` (sha256 {})", object.step, object.path, crate::record::cache::short(&object.sha256))
 }
 
 /// What `store --to` did.

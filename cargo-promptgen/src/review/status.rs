@@ -2,8 +2,8 @@
 
 use crate::config::{Chain, StoreMode};
 use crate::error::{Error, StaleStep};
-use crate::layout::Layout;
-use crate::plan::{Records, StepState, plan, stale_steps};
+use crate::plan::assess::{Records, StepState, plan, stale_steps};
+use crate::record::layout::Layout;
 
 /// The result of `cargo promptgen check`.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,7 +169,7 @@ pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String
         };
         let old_files = match committed {
             Some(entry) => records.store.load(entry).unwrap_or_default(),
-            None => crate::store::Files::new(),
+            None => crate::record::store::Files::new(),
         };
         let mut paths: Vec<&String> = old_files.keys().chain(new_files.keys()).collect();
         paths.sort();

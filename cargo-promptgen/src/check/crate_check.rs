@@ -48,13 +48,13 @@ use std::time::{Duration, Instant};
 use codegen_core::Cancel;
 use codegen_core::check::{Check, CheckError, CheckOutcome, CommandCheck, remove_secrets, trim_diagnostics};
 
+use crate::check::diagnostics::{self, Diagnostic, PathMap, Place};
+use crate::check::redact::Redactor;
 use crate::config::{Chain, CheckSpec, StepConfig};
-use crate::diagnostics::{self, Diagnostic, PathMap, Place};
-use crate::layout::Layout;
+use crate::files::sync_dir;
 use crate::mount::module_tree;
-use crate::out_dir::sync_dir;
-use crate::redact::Redactor;
-use crate::store::{Files, walk_files};
+use crate::record::layout::Layout;
+use crate::record::store::{Files, walk_files};
 
 use crate::mount::{TREE_PACKAGE_VAR, TREE_VAR};
 
@@ -107,7 +107,7 @@ impl Check for RustcCheck {
             .arg(&root_file)
             .current_dir(&self.scratch);
         // Confinement (issue 13): see `confine.rs`.
-        crate::confine::rustc_check(&mut command, output_root, &self.scratch).map_err(error)?;
+        crate::check::confine::rustc_check(&mut command, output_root, &self.scratch).map_err(error)?;
         let output = command.output().map_err(|e| {
             error(format!("could not start `{}`: {e}; set RUSTC or put rustc on PATH", self.rustc.display()))
         })?;
@@ -261,7 +261,7 @@ fn command_confinement(
     let (manifest, package_dir) = (chain.manifest_path.clone(), chain.package_dir.clone());
     let (package, target_dir) = (chain.package_name.clone(), layout.check_target_dir());
     move |command: &mut Command, tree: &Path| {
-        let check = crate::confine::PackageCheck {
+        let check = crate::check::confine::PackageCheck {
             cargo: &cargo_program(),
             manifest: &manifest,
             package_dir: &package_dir,
@@ -269,7 +269,7 @@ fn command_confinement(
             target_dir: &target_dir,
             tree,
         };
-        crate::confine::package_check(command, &check)
+        crate::check::confine::package_check(command, &check)
     }
 }
 
@@ -351,7 +351,7 @@ impl Check for CrateCheck {
                 .env(TREE_PACKAGE_VAR, &self.package_dir)
                 .env("RUST_BACKTRACE", "0");
             // Confinement (issue 13): see `confine.rs`.
-            let confined = crate::confine::PackageCheck {
+            let confined = crate::check::confine::PackageCheck {
                 cargo: &self.cargo,
                 manifest: &self.manifest,
                 package_dir: &self.package_dir,
@@ -359,7 +359,7 @@ impl Check for CrateCheck {
                 target_dir: &self.target_dir,
                 tree: &self.tree_dir,
             };
-            crate::confine::package_check(&mut command, &confined).map_err(error)?;
+            crate::check::confine::package_check(&mut command, &confined).map_err(error)?;
             run_with_timeout(&mut command, CHECK_TIMEOUT, &self.cancel).map_err(|e| {
                 error(format!("could not start `{}`: {e}; set CARGO or put cargo on PATH", self.cargo.display()))
             })

@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 
 use codegen_core::__private::fs;
 
-use crate::cache::MissingFile;
 use crate::config::{Chain, CheckSpec, StepConfig};
 use crate::error::{Error, StaleStep};
-use crate::layout::{Layout, Store};
-use crate::lock::{Fingerprint, Lock, LockedStep, sha256_hex};
-use crate::store::{Files, Storage};
+use crate::record::cache::MissingFile;
+use crate::record::layout::{Layout, Store};
+use crate::record::lock::{Fingerprint, Lock, LockedStep, sha256_hex};
+use crate::record::store::{Files, Storage};
 
 /// Where a step's recorded result comes from, or why there is none to use.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,4 @@
+pub mod confine;
+pub mod crate_check;
+pub mod diagnostics;
+pub mod redact;

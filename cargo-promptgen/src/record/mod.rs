@@ -1,0 +1,5 @@
+pub mod cache;
+pub mod layout;
+pub mod lock;
+pub mod process_lock;
+pub mod store;

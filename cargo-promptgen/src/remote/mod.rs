@@ -1,0 +1,2 @@
+pub mod s3;
+pub mod sync;

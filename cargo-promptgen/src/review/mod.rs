@@ -1,0 +1,3 @@
+#[cfg(feature = "online")]
+pub mod decide;
+pub mod status;

@@ -1,0 +1,2 @@
+pub mod attempts;
+pub mod schedule;
