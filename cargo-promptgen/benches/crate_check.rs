@@ -24,9 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::check::{CheckSetup, Later, check_for};
-use cargo_promptgen::__private::config::{self, Overrides};
-use cargo_promptgen::__private::layout::Layout;
+use cargo_promptgen::__private::Layout;
+use cargo_promptgen::__private::{self as config, Overrides};
+use cargo_promptgen::__private::{CheckSetup, Later, check_for};
 use codegen_core::check::CheckOutcome;
 
 const DOMAIN: &str = "#[derive(serde::Serialize)]\npub struct User {\n    pub name: String,\n    pub age: u32,\n}\n";

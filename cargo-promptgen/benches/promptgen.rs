@@ -32,11 +32,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::config::{self, Chain, Overrides};
-use cargo_promptgen::__private::layout::Layout;
-use cargo_promptgen::__private::lock::{Lock, LockedFile, LockedStep, sha256_hex};
-use cargo_promptgen::__private::plan::{self, Records};
-use cargo_promptgen::__private::store::Files;
+use cargo_promptgen::__private::Files;
+use cargo_promptgen::__private::Layout;
+use cargo_promptgen::__private::{self as config, Chain, Overrides};
+use cargo_promptgen::__private::{self as plan, Records};
+use cargo_promptgen::__private::{Lock, LockedFile, LockedStep, sha256_hex};
 use cargo_promptgen::Builder;
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse};
 use codegen_core::chat::{Arguments, Message};
@@ -285,7 +285,7 @@ fn package_shaped(
     }
     lock.steps = chain.steps.iter().filter_map(|step| entries.remove(&step.id)).collect();
     lock.write(&layout.lock_path()).unwrap();
-    let report = cargo_promptgen::__private::report::check(&chain, &layout).unwrap();
+    let report = cargo_promptgen::__private::review::check(&chain, &layout).unwrap();
     assert!(report.is_fresh() && report.unowned.is_empty(), "the generated package is not fresh: {report:?}");
     if std::env::var_os("PROMPTGEN_BENCH_KEEP").is_some() {
         // For looking at (or profiling) the package by hand: it outlives the run.
@@ -691,18 +691,18 @@ fn bytes_to_the_model() {
         let mut tree = Files::new();
         let (mut all_sent, mut all_minimum, mut all_tools) = (0, 0, 0);
         let records = plan::Records::read(&layout).unwrap();
-        let all_recorded = cargo_promptgen::__private::generate::recorded_files(&chain, &records);
+        let all_recorded = cargo_promptgen::__private::recorded_files(&chain, &records);
         for (index, (step, recorded)) in chain.steps.iter().zip(&assessed).enumerate() {
             let work = tempfile::tempdir().unwrap();
             let root = work.path().join("tree");
-            cargo_promptgen::__private::out_dir::sync_dir(&root, &tree).unwrap();
+            cargo_promptgen::__private::sync_dir(&root, &tree).unwrap();
             let mut builder = Sandbox::builder(&root);
             for input in &step.inputs {
                 builder = builder.input(input.virtual_path.clone(), input.real_path.clone());
             }
             let mut sandbox = builder.build().unwrap();
             let versions = tree.iter().map(|(p, b)| (p.clone(), String::from_utf8(b.clone()).unwrap())).collect();
-            let inner = chain.backend_config(step).open().unwrap();
+            let inner = step.backend.open().unwrap();
             let mut backend = Counting { inner, as_text, versions, calls: Vec::new() };
             let mut core = codegen_core::Step::new(step.model.clone(), std::fs::read_to_string(&step.prompt).unwrap());
             core.max_model_calls(step.max_model_calls).protocol(step.protocol).check_rounds(step.check_rounds);
@@ -718,19 +718,17 @@ fn bytes_to_the_model() {
             for output in &step.outputs {
                 core.expect_output(output.clone());
             }
-            let (mounted, later) =
-                cargo_promptgen::__private::generate::the_rest_of_the_chain(&chain, index, &all_recorded);
-            let mut check =
-                cargo_promptgen::__private::check::check_for(cargo_promptgen::__private::check::CheckSetup {
-                    chain: &chain,
-                    layout: &layout,
-                    step,
-                    scratch: work.path().join("check"),
-                    tree_dir: layout.check_tree_dir(&step.id),
-                    cancel: codegen_core::Cancel::new(),
-                    mounted,
-                    later,
-                });
+            let (mounted, later) = cargo_promptgen::__private::the_rest_of_the_chain(&chain, index, &all_recorded);
+            let mut check = cargo_promptgen::__private::check_for(cargo_promptgen::__private::CheckSetup {
+                chain: &chain,
+                layout: &layout,
+                step,
+                scratch: work.path().join("check"),
+                tree_dir: layout.check_tree_dir(&step.id),
+                cancel: codegen_core::Cancel::new(),
+                mounted,
+                later,
+            });
             let output = match check.as_mut() {
                 Some(check) => core.run_checked(&mut backend, &mut sandbox, check.as_mut(), &mut |_| {}),
                 None => core.run(&mut backend, &mut sandbox),
@@ -828,9 +826,9 @@ fn check_speed() {
 // ------------------------------------------------------------------------------------------
 
 fn cache_pull_and_build() {
-    use cargo_promptgen::__private::cache::{Cache, CacheUrl};
+    use cargo_promptgen::__private::remote as sync;
     use cargo_promptgen::__private::remote::Remote;
-    use cargo_promptgen::__private::sync;
+    use cargo_promptgen::__private::{Cache, CacheUrl};
 
     const STEPS: usize = 50;
     println!(

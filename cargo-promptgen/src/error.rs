@@ -1,5 +1,7 @@
-//! The library's one error type: every variant names the file, step or variable at fault
-//! and, where there is one, the command that fixes it.
+//! [`Error`]: what the build entry, and the phases it runs (config, plan, run, check,
+//! record), can fail with. Every variant names the file, step or variable at fault and, where
+//! there is one, the command that fixes it. What only `cargo promptgen` can fail with (review,
+//! eval, the remote, a store switch) has error types of its own, in those modules.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -9,9 +11,9 @@ use codegen_core::backend::BackendError;
 use codegen_core::sandbox::SandboxError;
 
 use crate::config::ConfigError;
-use crate::record::cache::MissingFile;
+use crate::hash::short;
 
-/// Why a chain could not be checked, run, accepted or built.
+/// Why a chain could not be checked, run, recorded or built.
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -83,22 +85,6 @@ pub enum Error {
         /// Whether its transcript was kept under the target folder, for `cargo promptgen log`.
         kept: bool,
     },
-    /// `review` cannot accept or reject this step's pending result.
-    #[error("step `{id}`'s pending result cannot be reviewed: {why}")]
-    NotReviewable {
-        /// The step.
-        id: String,
-        /// Why.
-        why: String,
-    },
-    /// A kept attempt under the target folder cannot be read.
-    #[error("`{}` is not a transcript this cargo-promptgen kept ({detail}); delete it", path.display())]
-    DamagedAttempt {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        detail: String,
-    },
     /// A generated file would read a file at compile time outside the generated tree (or a
     /// protected one); it is never recorded.
     #[error(
@@ -143,24 +129,6 @@ pub enum Error {
         #[source]
         source: SandboxError,
     },
-    /// `--step` named a step the chain does not have.
-    #[error("there is no step `{id}` in {package}; its steps are: {}", known.join(", "))]
-    UnknownStep {
-        /// The id asked for.
-        id: String,
-        /// The package.
-        package: String,
-        /// The ids it has.
-        known: Vec<String>,
-    },
-    /// `cargo promptgen eval` cannot start, resume or replay a run.
-    #[error("cannot evaluate {package}: {problem}")]
-    Eval {
-        /// The package.
-        package: String,
-        /// What is wrong, and what to do.
-        problem: String,
-    },
     /// A stored file does not match the lock.
     #[error("stored file `{}` does not match promptgen.lock ({detail})", path.display())]
     DamagedStore {
@@ -200,18 +168,6 @@ pub enum Error {
         /// The package.
         package: String,
     },
-    /// `store --to` cannot set `store` in the manifest by itself.
-    #[error("cannot set the store in `{}` by itself: {what}; then run the command again. Nothing was moved.", manifest.display())]
-    ManifestEdit {
-        /// The manifest.
-        manifest: PathBuf,
-        /// What to change by hand.
-        what: String,
-    },
-    /// The cache's S3 remote failed (`cargo promptgen push`, `pull`; the `cli` feature).
-    #[cfg(feature = "cli")]
-    #[error(transparent)]
-    Remote(Box<crate::remote::s3::RemoteError>),
     /// The build script's environment lacks something Cargo always sets.
     #[error("environment variable {name} is not set: {hint}")]
     Env {
@@ -220,13 +176,6 @@ pub enum Error {
         /// What to do.
         hint: &'static str,
     },
-}
-
-#[cfg(feature = "cli")]
-impl From<crate::remote::s3::RemoteError> for Error {
-    fn from(error: crate::remote::s3::RemoteError) -> Error {
-        Error::Remote(Box::new(error))
-    }
 }
 
 /// Shown as the error's message, so that `fn main() -> Result<(), Error>` in a build script
@@ -240,6 +189,26 @@ impl fmt::Debug for Error {
 /// The error and each of its causes, one per line (see [`codegen_core::error_with_causes`]).
 pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
     codegen_core::error_with_causes(error, "\ncaused by: ")
+}
+
+/// A file the lock names that the cache cannot give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingFile {
+    /// The step that recorded it.
+    pub step: String,
+    /// Its path in the generated tree.
+    pub path: String,
+    /// The SHA-256 the lock records.
+    pub sha256: String,
+    /// Whether an object is there but damaged (rather than absent).
+    pub damaged: bool,
+}
+
+impl fmt::Display for MissingFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.damaged { "damaged" } else { "missing" };
+        write!(f, "step {}: `{}` (sha256 {}): {state}", self.step, self.path, short(&self.sha256))
+    }
 }
 
 /// A step that must run again, and why.

@@ -1,6 +1,7 @@
-//! Making a folder hold exactly a generated tree, writing only the files whose bytes
-//! changed, so their modification times stay put and Cargo recompiles nothing needlessly
-//! (what prost-build does for its output).
+//! Generated trees as values ([`Files`]), and on disk: listing a folder, and making a folder
+//! hold exactly a tree, writing only the files whose bytes changed, so their modification
+//! times stay put and Cargo recompiles nothing needlessly (what prost-build does for its
+//! output).
 //!
 //! The folders synced this way (a build's `$OUT_DIR/promptgen/`, a step's scratch tree) are
 //! rebuilt from the lock and the store whenever they are lost, so files are replaced
@@ -9,15 +10,54 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use codegen_core::__private::fs::{self, FsError};
+use codegen_core::fs::{self, FsError};
 
-use crate::error::Error;
-use crate::record::store::Files;
+use crate::graph::Graph;
+
+/// A generated tree or part of one: path (forward slashes) to bytes, in path order.
+pub type Files = std::collections::BTreeMap<String, Vec<u8>>;
+
+/// The tree that `steps` make together: each step's files over those of the steps before it
+/// in the graph's order (so where two steps hold a path, the later one's bytes win, as in the
+/// crate). `files_of` gives a step's files by index, `None` for a step without any.
+pub fn overlay<'a>(
+    graph: &Graph,
+    steps: impl IntoIterator<Item = usize>,
+    files_of: impl Fn(usize) -> Option<&'a Files>,
+) -> Files {
+    let mut ordered: Vec<usize> = steps.into_iter().collect();
+    ordered.sort_by_key(|&step| graph.rank(step));
+    let mut tree = Files::new();
+    for step in ordered {
+        if let Some(files) = files_of(step) {
+            tree.extend(files.iter().map(|(path, bytes)| (path.clone(), bytes.clone())));
+        }
+    }
+    tree
+}
+
+/// The files under `dir` (links included, never followed) as relative forward-slash paths, sorted.
+pub fn walk_files(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = walkdir::WalkDir::new(dir)
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+        .filter(|e| !e.file_type().is_dir())
+        .map(|e| relative_path(dir, e.path()))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The files under `dir` with their bytes.
+pub fn read_tree(dir: &Path) -> Result<Files, FsError> {
+    walk_files(dir).into_iter().map(|path| Ok((path.clone(), fs::read(&dir.join(&path))?))).collect()
+}
 
 /// Makes the folder `dir` (created when missing) hold exactly `files`: removes every other
 /// file or link, writes the files whose bytes differ, and leaves the rest alone. Returns how
 /// many files it wrote.
-pub fn sync_dir(dir: &Path, files: &Files) -> Result<usize, Error> {
+pub fn sync_dir(dir: &Path, files: &Files) -> Result<usize, FsError> {
     fs::create_dir_all(dir)?;
     let mut folders = BTreeSet::new();
     for entry in walkdir::WalkDir::new(dir).min_depth(1).follow_links(false) {

@@ -101,6 +101,22 @@
 //! that is not part of the API and may change in any release.
 #![deny(missing_docs)]
 
+// The code follows a chain's flow: manifest -> plan -> run -> check -> record -> mount.
+//
+// config/        the manifest's `[package.metadata.promptgen]` (and the workspace's), resolved
+// plan/          which steps are fresh, pending or stale, and why: fingerprints and keys
+// run/           (online) the schedule, one step's run with its retries, progress, kept attempts
+// check/         (online) the checks a step's files must pass, where they live, confined
+// record/        the lock, the store, the cache, the pending area, and where each lives
+// mount.rs       how a crate mounts the generated tree from `OUT_DIR`
+// build_script.rs  the build entry: `build()` and `Builder`
+// review/        what a person sees and decides: check, status, diff, accept, review
+// remote/        (cli) the cache's S3 remote: push, pull, store --to
+// eval/          (online) `cargo promptgen eval`
+// error.rs, files.rs, graph.rs, hash.rs: what every phase shares (the build entry's error,
+//                file sets, the steps' graph, SHA-256)
+//
+// No module imports a module that imports it back (tests/module_graph checks it).
 mod build_script;
 #[cfg(feature = "online")]
 mod check;
@@ -110,6 +126,7 @@ mod error;
 mod eval;
 mod files;
 mod graph;
+mod hash;
 mod mount;
 mod plan;
 mod record;
@@ -122,76 +139,74 @@ mod run;
 pub use build_script::{BuildReport, Builder, build};
 pub use codegen_core::FsError;
 pub use config::{ConfigError, ConfigErrorKind, Location};
-pub use error::{Error, StaleStep};
+pub use error::{Error, MissingFile, StaleStep};
 
-/// Not API. The `cargo promptgen` binary, the benchmarks and the tests use the internals
-/// through here; anything in it may change or go in any release.
+/// Not API. What the `cargo promptgen` binary, the benchmarks and the tests use of the
+/// internals, item by item; anything in it may change or go in any release.
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
+
+    #[cfg(feature = "cli")]
+    pub use crate::config::with_store;
+    pub use crate::config::{
+        CacheUrl, Chain, ENV_VARS, Origin, Overrides, PASS_RATES, StepConfig, StoreMode, TEMPERATURES, UnknownStep,
+        load, load_from_env,
+    };
+    pub use crate::error::report;
+    pub use crate::files::{Files, sync_dir};
+    pub use crate::hash::sha256_hex;
+    pub use crate::plan::assess::{Assessed, StepState, plan};
+    pub use crate::plan::fingerprint::fingerprint;
+    pub use crate::record::cache::{Cache, Lookup};
+    pub use crate::record::commit::{Destination, discard_pending};
+    pub use crate::record::layout::Layout;
+    pub use crate::record::lock::{Lock, LockedFile, LockedStep};
+    pub use crate::record::process_lock::ProcessLock;
+    pub use crate::record::records::Records;
+    pub use crate::record::store::Storage;
+    #[cfg(feature = "online")]
+    pub use crate::{
+        check::crate_check::Later,
+        check::setup::{CheckSetup, check_for},
+        run::progress::Progress,
+        run::schedule::{ChainResult, Schedule},
+        run::surroundings::{recorded_files, the_rest_of_the_chain},
+    };
+
+    /// `check`, `status`, `diff`; `accept` and `review`.
+    pub mod review {
+        pub use crate::review::decide::{Decided, ReviewError, accept, accept_step, pending_steps, reject_step};
+        #[cfg(feature = "cli")]
+        pub use crate::review::status::diff;
+        pub use crate::review::status::{CheckReport, StatusRow, check, status};
+    }
+
+    /// Each step's kept attempts, for `log`.
     #[cfg(feature = "online")]
     pub mod attempts {
-        pub use crate::run::attempts::*;
+        pub use crate::run::attempts::{Attempt, Outcome, PartialReply, read};
     }
-    pub mod cache {
-        pub use crate::record::cache::*;
-    }
-    #[cfg(feature = "online")]
-    pub mod check {
-        pub use crate::check::crate_check::*;
-    }
-    pub mod config {
-        pub use crate::config::*;
-    }
+
+    /// The checks' confinement.
     #[cfg(feature = "online")]
     pub mod confine {
-        pub use crate::check::confine::*;
+        pub use crate::check::confine::{Policy, Support, Toolchain, UNCONFINED_VAR, confine, kernel_abi, tmp_dir};
     }
-    pub mod error {
-        pub use crate::error::*;
-    }
+
+    /// `cargo promptgen eval`.
     #[cfg(feature = "online")]
     pub mod eval {
-        pub use crate::eval::*;
+        pub use crate::eval::error::EvalError;
+        pub use crate::eval::record::{RunDir, TrialRecord, Verdict};
+        pub use crate::eval::score::Row;
+        pub use crate::eval::{Outcome, Pace, Report, Spec, replay, resume, start, warnings};
     }
-    #[cfg(feature = "online")]
-    pub mod generate {
-        pub use crate::run::schedule::*;
-    }
-    pub mod graph {
-        pub use crate::graph::*;
-    }
-    pub mod layout {
-        pub use crate::record::layout::*;
-    }
-    pub mod lock {
-        pub use crate::record::lock::*;
-    }
-    pub mod out_dir {
-        pub use crate::files::*;
-    }
-    pub mod plan {
-        pub use crate::plan::assess::*;
-    }
-    pub mod process_lock {
-        pub use crate::record::process_lock::*;
-    }
+
+    /// The cache's S3 remote.
     #[cfg(feature = "cli")]
     pub mod remote {
-        pub use crate::remote::s3::*;
-    }
-    pub mod report {
-        pub use crate::review::status::*;
-    }
-    #[cfg(feature = "online")]
-    pub mod review {
-        pub use crate::review::decide::*;
-    }
-    pub mod store {
-        pub use crate::record::store::*;
-    }
-    #[cfg(feature = "cli")]
-    pub mod sync {
-        pub use crate::remote::sync::*;
+        pub use crate::remote::s3::{Remote, RemoteError};
+        pub use crate::remote::sync::{SyncError, Transfer, pull, push, switch};
     }
 }

@@ -7,7 +7,7 @@
 
 mod support;
 
-use cargo_promptgen::__private::lock::{Lock, LockedStep};
+use cargo_promptgen::__private::{Lock, LockedStep};
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::{Value, json};
 use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};

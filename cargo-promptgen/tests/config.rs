@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cargo_promptgen::__private::config::{self, Chain, ConfigError, ConfigErrorKind, Origin, Overrides};
+use cargo_promptgen::__private::{self as config, Chain, Origin, Overrides};
+use cargo_promptgen::{ConfigError, ConfigErrorKind};
 use codegen_core::ToolProtocol;
 use codegen_core::backend::{BackendConfig, BackendKind};
 use tempfile::TempDir;
@@ -112,13 +113,16 @@ fn a_minimal_chain_gets_every_default() {
     assert_eq!(chain.manifest_path, manifest);
     assert_eq!(chain.package_dir, fx.path("pkg"));
     assert_eq!(chain.workspace_root, Some(fx.root()));
-    assert_eq!((chain.backend, chain.backend_origin), (BackendKind::Ollama, Origin::Default));
-    assert_eq!((chain.base_url.as_deref(), chain.base_url_origin), (None, Origin::Default));
+    assert_eq!((chain.backend.kind, chain.backend_origin), (BackendKind::Ollama, Origin::Default));
+    assert_eq!((chain.backend.base_url.as_deref(), chain.base_url_origin), (None, Origin::Default));
     assert_eq!(chain.effective_base_url().as_deref(), Some("http://127.0.0.1:11434"));
-    assert_eq!(chain.api_key, None);
-    assert_eq!(chain.num_ctx, BackendConfig::DEFAULT_NUM_CTX);
-    assert_eq!(chain.request_timeout, Duration::from_secs(600));
-    assert_eq!((chain.first_byte_timeout, chain.idle_timeout), (Duration::from_secs(300), Duration::from_secs(60)));
+    assert_eq!(chain.backend.api_key, None);
+    assert_eq!(chain.backend.num_ctx, BackendConfig::DEFAULT_NUM_CTX);
+    assert_eq!(chain.backend.http.request_timeout, Duration::from_secs(600));
+    assert_eq!(
+        (chain.backend.http.first_byte_timeout, chain.backend.http.idle_timeout),
+        (Duration::from_secs(300), Duration::from_secs(60))
+    );
 
     let step = &chain.steps[0];
     assert_eq!(step.id, "01");
@@ -128,7 +132,7 @@ fn a_minimal_chain_gets_every_default() {
     assert_eq!(step.max_model_calls, codegen_core::Step::DEFAULT_MAX_MODEL_CALLS);
     assert_eq!(step.protocol, ToolProtocol::Native);
     assert_eq!((step.seed, step.temperature, &step.system_prompt), (None, None, &None));
-    assert!(step.outputs.is_empty() && step.inputs.is_empty() && step.script.is_none());
+    assert!(step.outputs.is_empty() && step.inputs.is_empty() && step.backend.script.is_none());
     assert_eq!(chain.step("01"), Some(step));
     assert_eq!(chain.step("02"), None);
     assert_eq!(step.describe_model(), "model `m` (from package metadata)");
@@ -152,23 +156,23 @@ fn backend_precedence_flag_env_package_workspace_default() {
     let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nbackend = \"openai\"\n");
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let chain = load(&manifest, &Overrides::default(), NONE);
-    assert_eq!((chain.backend, chain.backend_origin), (BackendKind::OpenAi, Origin::Workspace));
+    assert_eq!((chain.backend.kind, chain.backend_origin), (BackendKind::OpenAi, Origin::Workspace));
 
     // The package beats the workspace.
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"ollama\"", ""));
     let chain = load(&manifest, &Overrides::default(), NONE);
-    assert_eq!((chain.backend, chain.backend_origin), (BackendKind::Ollama, Origin::Package));
+    assert_eq!((chain.backend.kind, chain.backend_origin), (BackendKind::Ollama, Origin::Package));
 
     // PROMPTGEN_BACKEND beats the package; empty counts as unset.
     let chain = load(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "openai")]);
-    assert_eq!((chain.backend, chain.backend_origin), (BackendKind::OpenAi, Origin::Env("PROMPTGEN_BACKEND")));
+    assert_eq!((chain.backend.kind, chain.backend_origin), (BackendKind::OpenAi, Origin::Env("PROMPTGEN_BACKEND")));
     assert_eq!(chain.describe_backend(), "backend `openai` (from PROMPTGEN_BACKEND)");
     let chain = load(&manifest, &Overrides::default(), &[("PROMPTGEN_BACKEND", "  ")]);
     assert_eq!(chain.backend_origin, Origin::Package);
 
     // The flag beats everything; an empty flag counts as unset.
     let chain = load(&manifest, &flags(Some("openai"), None, None), &[("PROMPTGEN_BACKEND", "ollama")]);
-    assert_eq!((chain.backend, chain.backend_origin), (BackendKind::OpenAi, Origin::Flag));
+    assert_eq!((chain.backend.kind, chain.backend_origin), (BackendKind::OpenAi, Origin::Flag));
     let chain = load(&manifest, &flags(Some(""), None, None), &[("PROMPTGEN_BACKEND", "openai")]);
     assert_eq!(chain.backend_origin, Origin::Env("PROMPTGEN_BACKEND"));
 }
@@ -210,23 +214,23 @@ fn base_url_precedence_for_ollama() {
     let fx = Fixture::with_workspace_metadata("[workspace.metadata.promptgen]\nbase_url = \"http://ws:1\"\n");
     let manifest = fx.package(&one_step("model = \"m\"", ""));
     let chain = load(&manifest, &Overrides::default(), NONE);
-    assert_eq!((chain.base_url.as_deref(), chain.base_url_origin), (Some("http://ws:1"), Origin::Workspace));
+    assert_eq!((chain.backend.base_url.as_deref(), chain.base_url_origin), (Some("http://ws:1"), Origin::Workspace));
 
     let manifest = fx.package(&one_step("model = \"m\"\nbase_url = \"http://pkg:2\"", ""));
     let chain = load(&manifest, &Overrides::default(), NONE);
-    assert_eq!((chain.base_url.as_deref(), chain.base_url_origin), (Some("http://pkg:2"), Origin::Package));
+    assert_eq!((chain.backend.base_url.as_deref(), chain.base_url_origin), (Some("http://pkg:2"), Origin::Package));
 
     // OLLAMA_HOST, in any form Ollama accepts, beats the manifest; OPENAI_BASE_URL does not
     // apply to the ollama backend.
     let env = [("OLLAMA_HOST", "0.0.0.0"), ("OPENAI_BASE_URL", "http://openai:4/v1"), ("OPENAI_API_KEY", "sk-x")];
     let chain = load(&manifest, &Overrides::default(), &env);
     assert_eq!(
-        (chain.base_url.as_deref(), chain.base_url_origin),
+        (chain.backend.base_url.as_deref(), chain.base_url_origin),
         (Some("http://127.0.0.1:11434"), Origin::Env("OLLAMA_HOST"))
     );
-    assert_eq!(chain.api_key, None, "the key is for the openai backend only");
+    assert_eq!(chain.backend.api_key, None, "the key is for the openai backend only");
     let chain = load(&manifest, &Overrides::default(), &[("OLLAMA_HOST", "gpu-box:9999")]);
-    assert_eq!(chain.base_url.as_deref(), Some("http://gpu-box:9999"));
+    assert_eq!(chain.backend.base_url.as_deref(), Some("http://gpu-box:9999"));
     let chain = load(&manifest, &Overrides::default(), &[("OLLAMA_HOST", "")]);
     assert_eq!(chain.base_url_origin, Origin::Package);
 
@@ -234,13 +238,13 @@ fn base_url_precedence_for_ollama() {
     let env = [("OLLAMA_HOST", "gpu-box:9999"), ("PROMPTGEN_BASE_URL", "http://env:3")];
     let chain = load(&manifest, &Overrides::default(), &env);
     assert_eq!(
-        (chain.base_url.as_deref(), chain.base_url_origin),
+        (chain.backend.base_url.as_deref(), chain.base_url_origin),
         (Some("http://env:3"), Origin::Env("PROMPTGEN_BASE_URL"))
     );
 
     // The flag beats everything.
     let chain = load(&manifest, &flags(None, None, Some("http://flag:5")), &env);
-    assert_eq!((chain.base_url.as_deref(), chain.base_url_origin), (Some("http://flag:5"), Origin::Flag));
+    assert_eq!((chain.backend.base_url.as_deref(), chain.base_url_origin), (Some("http://flag:5"), Origin::Flag));
 }
 
 #[test]
@@ -248,15 +252,18 @@ fn base_url_and_key_precedence_for_openai() {
     let fx = Fixture::new();
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"openai\"\nbase_url = \"http://pkg:8080/v1\"", ""));
     let chain = load(&manifest, &Overrides::default(), &[("OLLAMA_HOST", "gpu-box")]);
-    assert_eq!((chain.base_url.as_deref(), chain.base_url_origin), (Some("http://pkg:8080/v1"), Origin::Package));
+    assert_eq!(
+        (chain.backend.base_url.as_deref(), chain.base_url_origin),
+        (Some("http://pkg:8080/v1"), Origin::Package)
+    );
 
     let env = [("OPENAI_BASE_URL", "http://llama:8080/v1"), ("OPENAI_API_KEY", "sk-test"), ("OLLAMA_HOST", "x")];
     let chain = load(&manifest, &Overrides::default(), &env);
     assert_eq!(
-        (chain.base_url.as_deref(), chain.base_url_origin),
+        (chain.backend.base_url.as_deref(), chain.base_url_origin),
         (Some("http://llama:8080/v1"), Origin::Env("OPENAI_BASE_URL"))
     );
-    assert_eq!(chain.api_key.as_deref(), Some("sk-test"));
+    assert_eq!(chain.backend.api_key.as_deref(), Some("sk-test"));
 
     let env = [("OPENAI_BASE_URL", "http://llama:8080/v1"), ("PROMPTGEN_BASE_URL", "http://env:1/v1")];
     let chain = load(&manifest, &Overrides::default(), &env);
@@ -265,7 +272,7 @@ fn base_url_and_key_precedence_for_openai() {
     // Without any URL the backend's default applies.
     let manifest = fx.package(&one_step("model = \"m\"\nbackend = \"openai\"", ""));
     let chain = load(&manifest, &Overrides::default(), NONE);
-    assert_eq!((chain.base_url.as_deref(), chain.base_url_origin), (None, Origin::Default));
+    assert_eq!((chain.backend.base_url.as_deref(), chain.base_url_origin), (None, Origin::Default));
     assert_eq!(chain.effective_base_url().as_deref(), Some("https://api.openai.com/v1"));
 
     // The backend's variables follow the backend as overridden.
@@ -291,7 +298,7 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
         (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(7), Some(1.0), 3, ToolProtocol::Blocks)
     );
-    assert_eq!((chain.num_ctx, chain.request_timeout), (4096, Duration::from_secs(30)));
+    assert_eq!((chain.backend.num_ctx, chain.backend.http.request_timeout), (4096, Duration::from_secs(30)));
 
     // The package beats the workspace; its paths are relative to the package.
     let manifest = fx.package(&one_step(
@@ -306,7 +313,7 @@ fn workspace_defaults_with_workspace_relative_system_prompt() {
         (step.seed, step.temperature, step.max_model_calls, step.protocol),
         (Some(8), Some(0.5), 4, ToolProtocol::Json)
     );
-    assert_eq!((chain.num_ctx, chain.request_timeout), (8192, Duration::from_secs(60)));
+    assert_eq!((chain.backend.num_ctx, chain.backend.http.request_timeout), (8192, Duration::from_secs(60)));
 
     // The step beats the package.
     let manifest = fx.package(&one_step(
@@ -396,10 +403,10 @@ fn backend_config_carries_the_chain_and_the_step_script() {
     ));
     let chain = load(&manifest, &Overrides::default(), NONE);
     let step = &chain.steps[0];
-    assert_eq!(step.script, Some(fx.path("prompts/scripts/01.toml")));
-    let config = chain.backend_config(step);
+    assert_eq!(step.backend.script, Some(fx.path("prompts/scripts/01.toml")));
+    let config = &step.backend;
     assert_eq!(config.kind, BackendKind::Scripted);
-    assert_eq!(config.script, step.script);
+    assert_eq!(config.script, step.backend.script);
     assert_eq!(config.num_ctx, 2048);
     assert_eq!(config.http.request_timeout, Duration::from_secs(5));
     assert_eq!(
@@ -410,7 +417,7 @@ fn backend_config_carries_the_chain_and_the_step_script() {
     assert_eq!(chain.effective_base_url(), None);
 
     let chain = load(&manifest, &flags(Some("openai"), None, Some("http://x/v1")), &[("OPENAI_API_KEY", "k")]);
-    let config = chain.backend_config(&chain.steps[0]);
+    let config = &chain.steps[0].backend;
     assert_eq!(
         (config.kind, config.base_url.as_deref(), config.api_key.as_deref()),
         (BackendKind::OpenAi, Some("http://x/v1"), Some("k"))
@@ -1115,7 +1122,7 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     let manifest = fx.package(&one_step("model = \"m\"", "inputs = [\"src\"]"));
     let chain = load(&manifest, &Overrides::default(), NONE);
     // Regression: the fingerprint read the link to a folder as a file ("Is a directory").
-    let fingerprint = cargo_promptgen::__private::plan::fingerprint(&chain, &chain.steps[0], &[]).unwrap();
+    let fingerprint = cargo_promptgen::__private::fingerprint(&chain, &chain.steps[0], &[]).unwrap();
     let hashed: Vec<&str> = fingerprint.inputs.keys().map(String::as_str).collect();
     assert_eq!(hashed, ["src/domain.rs", "src/lib.rs", "src/local/local.md"]);
 
@@ -1130,9 +1137,9 @@ fn links_in_an_input_folder_are_followed_inside_the_package_and_refused_outside_
     );
     assert_mentions(&err, &["outside", "pkg`"]);
     // ... and by the fingerprint of a chain loaded before it appeared, as the step's error.
-    let err = cargo_promptgen::__private::plan::fingerprint(&chain, &chain.steps[0], &[]).unwrap_err();
+    let err = cargo_promptgen::__private::fingerprint(&chain, &chain.steps[0], &[]).unwrap_err();
     assert!(matches!(err, cargo_promptgen::Error::Sandbox { .. }), "{err:?}");
-    assert!(cargo_promptgen::__private::error::report(&err).contains("src/outside`"), "{err:?}");
+    assert!(cargo_promptgen::__private::report(&err).contains("src/outside`"), "{err:?}");
 }
 
 // ---- what `cargo promptgen eval` requires ----

@@ -16,7 +16,7 @@ mod support;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::lock::Lock;
+use cargo_promptgen::__private::Lock;
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use support::{
     Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, finish, run, snapshot, stderr,

@@ -11,7 +11,7 @@ mod support;
 
 use std::path::Path;
 
-use cargo_promptgen::__private::lock::Lock;
+use cargo_promptgen::__private::Lock;
 use promptgen_tests::{FakeLlm, Moment, RecordedRequest, Reply, Turn};
 use serde_json::json;
 use support::{Package, edit, finish, run, stderr, stdout, text, write};

@@ -7,7 +7,7 @@ mod support;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::lock::Lock;
+use cargo_promptgen::__private::Lock;
 use promptgen_tests::{FakeLlm, Reply};
 use support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 

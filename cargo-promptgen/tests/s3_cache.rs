@@ -13,9 +13,9 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use cargo_promptgen::__private::cache::{Cache, CacheUrl};
-use cargo_promptgen::__private::lock::{Lock, sha256_hex};
 use cargo_promptgen::__private::remote::Remote;
+use cargo_promptgen::__private::{Cache, CacheUrl};
+use cargo_promptgen::__private::{Lock, sha256_hex};
 use promptgen_tests::{FakeLlm, refused_url};
 use support::cutting_proxy::CuttingProxy;
 use support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};

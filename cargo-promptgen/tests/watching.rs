@@ -9,9 +9,9 @@ use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::config::{self, Overrides};
-use cargo_promptgen::__private::generate::{self, Destination};
-use cargo_promptgen::__private::layout::Layout;
+use cargo_promptgen::__private::Layout;
+use cargo_promptgen::__private::{self as config, Overrides};
+use cargo_promptgen::__private::{Destination, Progress, Schedule};
 use codegen_core::Cancel;
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::json;
@@ -59,9 +59,17 @@ fn layout_of(package: &Package, url: &str) -> (config::Chain, Layout) {
 /// Runs the stale steps into the pending area, as an online build does.
 fn build_pending(package: &Package, url: &str) {
     let (chain, layout) = layout_of(package, url);
-    generate::bring_up_to_date(&chain, &layout, &[], Destination::Pending, 1, &Cancel::new(), &mut |_| {})
-        .and_then(|result| result.into_failure())
-        .expect("the build's run succeeds");
+    Schedule {
+        chain: &chain,
+        layout: &layout,
+        forced: &[],
+        destination: Destination::Pending,
+        jobs: 1,
+        cancel: &Cancel::new(),
+    }
+    .bring_up_to_date(&mut |_| {})
+    .and_then(|result| result.into_failure())
+    .expect("the build's run succeeds");
 }
 
 fn pending_dir(package: &Package) -> std::path::PathBuf {
@@ -241,29 +249,45 @@ fn each_step_starts_naming_the_step_it_runs_after_and_its_state() {
     let package = two_steps(TWO_STEPS);
     let (chain, layout) = layout_of(&package, &server.url());
     let mut started = Vec::new();
-    let mut collect = |progress: generate::Progress| {
-        if let generate::Progress::StepStarted { id, after, .. } = progress {
+    let mut collect = |progress: Progress| {
+        if let Progress::StepStarted { id, after, .. } = progress {
             started.push((id, after));
         }
     };
-    generate::bring_up_to_date(&chain, &layout, &[], Destination::Committed, 1, &Cancel::new(), &mut collect)
-        .and_then(|r| r.into_failure())
-        .unwrap();
+    Schedule {
+        chain: &chain,
+        layout: &layout,
+        forced: &[],
+        destination: Destination::Committed,
+        jobs: 1,
+        cancel: &Cancel::new(),
+    }
+    .bring_up_to_date(&mut collect)
+    .and_then(|r| r.into_failure())
+    .unwrap();
     assert_eq!(started, [("01".to_string(), None), ("02".to_string(), Some(("01".to_string(), "regenerated")))]);
 
     // Only 02 runs again: 01 is as recorded.
     started.clear();
     server.push(write("b.rs", B2));
     server.push(finish());
-    let mut collect = |progress: generate::Progress| {
-        if let generate::Progress::StepStarted { id, after, .. } = progress {
+    let mut collect = |progress: Progress| {
+        if let Progress::StepStarted { id, after, .. } = progress {
             started.push((id, after));
         }
     };
     let forced = ["02".to_string()];
-    generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, 1, &Cancel::new(), &mut collect)
-        .and_then(|r| r.into_failure())
-        .unwrap();
+    Schedule {
+        chain: &chain,
+        layout: &layout,
+        forced: &forced,
+        destination: Destination::Committed,
+        jobs: 1,
+        cancel: &Cancel::new(),
+    }
+    .bring_up_to_date(&mut collect)
+    .and_then(|r| r.into_failure())
+    .unwrap();
     assert_eq!(started, [("02".to_string(), Some(("01".to_string(), "recorded")))]);
 }
 

@@ -1,4 +1,7 @@
-//! Every file operation of the crate goes through here, so every error names its path.
+//! Every file operation goes through here, so every error names its path: this crate's, and
+//! cargo-promptgen's. Writes are atomic (a temporary file in the same folder, renamed over
+//! the target), and `write_if_changed` leaves a file whose bytes are already right alone, so
+//! its modification time stays put.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};

@@ -170,7 +170,7 @@ mod cancel;
 pub mod chat;
 pub mod check;
 mod compile_time;
-mod fs;
+pub mod fs;
 mod protocol;
 mod report;
 mod run;
@@ -190,9 +190,6 @@ pub use run::{Error, Observer, Step, StepFailure, StepOutput, run_prompt};
 #[doc(hidden)]
 pub mod __private {
     #![allow(missing_docs)]
-    pub mod fs {
-        pub use crate::fs::*;
-    }
     pub mod protocol {
         pub use crate::protocol::{blocks, text};
     }

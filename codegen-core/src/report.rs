@@ -1,4 +1,4 @@
-//! How errors are shown to people.
+//! How errors and the texts they quote are shown to people.
 
 /// An error and every cause in its chain, one per line after `separator` (e.g.
 /// `"\ncaused by: "`). No error type of this project repeats its cause in its own message
@@ -13,6 +13,14 @@ pub fn error_with_causes(error: &dyn std::error::Error, separator: &str) -> Stri
         source = cause.source();
     }
     text
+}
+
+/// At most `max` characters of `text`, on a char boundary, with an ellipsis when cut.
+pub(crate) fn excerpt(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -789,7 +789,7 @@ fn shown_arguments(arguments: &Arguments) -> String {
             serde_json::Value::Object(shown).to_string()
         }
         Arguments::Object(_) => arguments.to_json_text(),
-        Arguments::Malformed { raw, .. } => crate::backend::excerpt(raw, 200),
+        Arguments::Malformed { raw, .. } => crate::report::excerpt(raw, 200),
     }
 }
 

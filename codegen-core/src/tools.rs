@@ -120,7 +120,7 @@ pub(crate) fn execute(name: &str, arguments: &Arguments, sandbox: &mut Sandbox) 
                 "the arguments of `{name}` could not be read ({error}). They must be one JSON object, \
                  e.g. {}; you sent: {}",
                 example_arguments(name),
-                crate::backend::excerpt(raw, 200)
+                crate::report::excerpt(raw, 200)
             ));
         }
     };
@@ -150,7 +150,7 @@ pub(crate) fn execute(name: &str, arguments: &Arguments, sandbox: &mut Sandbox) 
         }
         unknown => Err(format!(
             "there is no tool `{}`. The tools are: {}.",
-            crate::backend::excerpt(unknown, 60),
+            crate::report::excerpt(unknown, 60),
             TOOL_NAMES.join(", ")
         )),
     };
@@ -189,7 +189,7 @@ fn received_keys(args: &Args) -> String {
     if args.is_empty() {
         " and no arguments were sent".to_string()
     } else {
-        let keys: Vec<String> = args.keys().map(|k| format!("`{}`", crate::backend::excerpt(k, 40))).collect();
+        let keys: Vec<String> = args.keys().map(|k| format!("`{}`", crate::report::excerpt(k, 40))).collect();
         format!(" and got only {}", keys.join(", "))
     }
 }

@@ -33,6 +33,8 @@
 //! The server depends on std and serde_json only: no async runtime, no HTTP crate.
 #![deny(missing_docs)]
 
+pub mod modules;
+
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -65,7 +65,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::check::crate_check::cargo_command;
+use crate::check::process::cargo_command;
 
 /// The variable that turns confinement off: set to anything but empty or `0`.
 pub const UNCONFINED_VAR: &str = "PROMPTGEN_UNCONFINED_CHECKS";

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use super::chain::{PACKAGE_PREFIX, StepConfig};
 use super::error::{ConfigError, ConfigErrorKind, CycleLink};
 use super::source::Source;
-use super::{PACKAGE_PREFIX, StepConfig};
 use crate::graph::Graph;
 
 /// What a step declares of the graph, with the places to point at.

@@ -1,7 +1,8 @@
 //! Editing the manifest: setting `store` (`cargo promptgen store --to`).
 
+use super::chain::PACKAGE_PREFIX;
 use super::source::Doc;
-use super::{PACKAGE_PREFIX, StoreMode};
+use super::store::StoreMode;
 
 /// `text`, a package manifest, with `store = "<mode>"` in its `[package.metadata.promptgen]`
 /// table: the value replaced where the table sets it, else a line added under the table's

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::record::cache::CACHE_DIR_VAR;
+use super::store::CACHE_DIR_VAR;
 
 /// A place in a manifest: line and column, both counted from 1 (columns in characters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
 
-use super::{PACKAGE_PREFIX, StoreMode, WORKSPACE_PREFIX};
+use super::chain::{PACKAGE_PREFIX, WORKSPACE_PREFIX};
+use super::store::StoreMode;
 
 /// Declares a table of the metadata: each key once, with its type and what it must hold (for
 /// messages). Every key is optional to serde (`Option<Spanned<T>>`, so errors can point at

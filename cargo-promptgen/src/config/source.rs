@@ -9,9 +9,9 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::chain::{PACKAGE_PREFIX, WORKSPACE_PREFIX};
 use super::error::{ConfigError, ConfigErrorKind, Location};
 use super::schema::{ChainTable, EvalTable, StepTable, expected_of};
-use super::{PACKAGE_PREFIX, WORKSPACE_PREFIX};
 
 /// A manifest and its text, so that errors can say where.
 pub(super) struct Source {

@@ -14,12 +14,12 @@ use codegen_core::sandbox::{SandboxError, input_files};
 use toml::Spanned;
 
 use super::after::{GraphDecl, Written};
+use super::chain::{CheckSpec, EvalSettings, Input, Origin, PASS_RATES, StepConfig, TEMPERATURES};
 use super::error::{ConfigError, ConfigErrorKind};
 use super::paths::{input_virtual_path, lexical_join, output_path};
 use super::schema::{CACHE_URL_EXPECTED, ChainTable, CheckValue, expected_of};
 use super::source::{Source, closest, quoted};
-use super::{CheckSpec, EvalSettings, Input, Origin, PASS_RATES, StepConfig, TEMPERATURES};
-use crate::record::cache::CacheUrl;
+use super::store::CacheUrl;
 
 /// `[package.metadata.promptgen.eval]` over the workspace's (`layers`, the package's first):
 /// the package's `min_pass_rate` beats the workspace's, and each rate of `steps` must be for a

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
-use super::WORKSPACE_PREFIX;
+use super::chain::WORKSPACE_PREFIX;
 use super::error::{ConfigError, ConfigErrorKind};
 use super::paths::{absolute, lexical_join};
 use super::schema::{Edition, Manifest, PackageTable, Probe, ProbeWorkspace, RootManifest, WorkspaceTable};
@@ -55,7 +55,7 @@ impl WorkspaceRoot {
 
 /// Finds the workspace of the package in `package_dir` the way cargo does:
 ///
-/// 1. the root the caller was told ([`Overrides::workspace_root`](super::Overrides::workspace_root),
+/// 1. the root the caller was told ([`Overrides::workspace_root`](super::chain::Overrides::workspace_root),
 ///    from `cargo metadata`);
 /// 2. else the package's own manifest, when it has a `[workspace]` table;
 /// 3. else the root that `package.workspace = "path"` names;

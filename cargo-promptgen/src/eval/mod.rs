@@ -17,6 +17,7 @@
 //! with two jobs, one trial's check runs while another talks to the model. A request that
 //! waits for its turn has not been sent, so its time limits have not started.
 
+pub mod error;
 pub mod record;
 pub mod score;
 
@@ -32,17 +33,22 @@ use codegen_core::check::CheckOutcome;
 use codegen_core::transcript::{Event, Volatility};
 use serde_json::json;
 
-use crate::check::crate_check::{CheckSetup, check_for};
+use crate::check::setup::{CheckSetup, check_for};
 use crate::config::{Chain, CheckSpec, StepConfig};
-use crate::error::Error;
-use crate::files::sync_dir;
-use crate::plan::assess::{Records, plan};
+use crate::error::{Error, report};
+use crate::files::{Files, overlay, read_tree, sync_dir};
+use crate::hash::sha256_hex;
+use crate::plan::assess::plan;
 use crate::record::layout::Layout;
-use crate::record::lock::{LockedFile, sha256_hex};
-use crate::record::store::{Files, walk_files};
-use crate::run::schedule::{Attempted, Surroundings, attempt, recorded_files, the_rest_of_the_chain};
-use record::{RunDir, RunPlan, TrialRecord};
-use score::{Row, Verdict};
+use crate::record::lock::LockedFile;
+use crate::record::records::Records;
+use crate::run::attempt::{Attempted, Surroundings, attempt};
+use crate::run::attempts;
+use crate::run::progress::Progress;
+use crate::run::surroundings::{recorded_files, the_rest_of_the_chain};
+use error::EvalError;
+use record::{RunDir, RunPlan, TrialRecord, Verdict};
+use score::Row;
 
 /// What to evaluate.
 #[derive(Debug, Clone, PartialEq)]
@@ -196,8 +202,9 @@ fn model_tag(model: usize) -> String {
     format!("m{model}")
 }
 
+/// Trial `n`'s seed: the step's seed, then the ones after it (0, 1, ... when it sets none).
 fn step_seed(step: &StepConfig, n: u32) -> u64 {
-    step.seed.unwrap_or(0) + u64::from(n)
+    step.seed_for_run(n).unwrap_or_default()
 }
 
 /// The trial names a unit records.
@@ -237,16 +244,10 @@ pub fn start(
     spec: &Spec,
     pace: &Pace,
     report: &mut dyn FnMut(Report),
-) -> Result<Outcome, Error> {
-    let problem = |problem: String| Error::Eval { package: chain.package_name.clone(), problem };
+) -> Result<Outcome, EvalError> {
+    let problem = |problem: String| EvalError::Unusable { package: chain.package_name.clone(), problem };
     for id in &spec.steps {
-        if chain.step(id).is_none() {
-            return Err(Error::UnknownStep {
-                id: id.clone(),
-                package: chain.package_name.clone(),
-                known: chain.steps.iter().map(|s| s.id.clone()).collect(),
-            });
-        }
+        chain.require_step(id)?;
     }
     if spec.chain && !spec.steps.is_empty() {
         return Err(problem("`--chain` runs every step; it cannot be combined with `--step`".into()));
@@ -281,7 +282,7 @@ pub fn start(
         .filter(|a| steps.contains(&a.id))
         .map(|a| (a.id.clone(), a.fingerprint.key()))
         .collect();
-    let now = crate::run::attempts::now();
+    let now = attempts::now();
     let run = RunDir::create(layout, &chain.package_name, now)?;
     let plan = RunPlan {
         package: chain.package_name.clone(),
@@ -309,7 +310,7 @@ pub fn resume(
     name: Option<&str>,
     pace: &Pace,
     report: &mut dyn FnMut(Report),
-) -> Result<Outcome, Error> {
+) -> Result<Outcome, EvalError> {
     let run = RunDir::open(layout, &chain.package_name, name)?;
     let plan = run.read_plan()?;
     let records = Records::read(layout)?;
@@ -322,7 +323,7 @@ pub fn resume(
         match now.get(id) {
             Some(current) if current == key => {}
             Some(_) => {
-                return Err(Error::Eval {
+                return Err(EvalError::Unusable {
                     package: chain.package_name.clone(),
                     problem: format!(
                         "step `{id}` changed (its prompt, inputs, settings or the steps it runs after) since run `{}` \
@@ -332,7 +333,7 @@ pub fn resume(
                 });
             }
             None => {
-                return Err(Error::Eval {
+                return Err(EvalError::Unusable {
                     package: chain.package_name.clone(),
                     problem: format!("step `{id}` of run `{}` is no longer declared; start a new run", run.name),
                 });
@@ -352,10 +353,10 @@ pub fn replay(
     name: &str,
     pace: &Pace,
     report: &mut dyn FnMut(Report),
-) -> Result<Outcome, Error> {
+) -> Result<Outcome, EvalError> {
     let original = RunDir::open(layout, &chain.package_name, Some(name))?;
     let mut plan = original.read_plan()?;
-    let now = crate::run::attempts::now();
+    let now = attempts::now();
     let run = RunDir::create(layout, &chain.package_name, now)?;
     plan.replay_of = Some(original.name.clone());
     plan.started_at = now;
@@ -371,7 +372,7 @@ fn rejudge(
     original: &str,
     pace: &Pace,
     report: &mut dyn FnMut(Report),
-) -> Result<Outcome, Error> {
+) -> Result<Outcome, EvalError> {
     let source = RunDir::open(layout, &chain.package_name, Some(original))?;
     let judged = source.read_trials()?;
     let mut trials = run.read_trials()?;
@@ -387,7 +388,7 @@ fn rejudge(
         }
         let mut new = old.clone();
         if let Some(transcript) = &old.transcript {
-            let text = codegen_core::__private::fs::read_to_string(&source.dir.join(transcript))?;
+            let text = codegen_core::fs::read_to_string(&source.dir.join(transcript))?;
             new.transcript = Some(run.write_transcript(&old.trial, &text)?);
         }
         let kept = source.tree_dir(&old.trial);
@@ -398,8 +399,8 @@ fn rejudge(
             let index = chain.index(&step.id).expect("a step of the chain");
             let (mounted, later) = the_rest_of_the_chain(chain, index, &recorded);
             let work = layout.work_dir();
-            codegen_core::__private::fs::create_dir_all(&work)?;
-            let scratch = codegen_core::__private::fs::temp_dir_in(&work, &format!("{}-replay-", step.id))?;
+            codegen_core::fs::create_dir_all(&work)?;
+            let scratch = codegen_core::fs::temp_dir_in(&work, &format!("{}-replay-", step.id))?;
             let root = scratch.path().join("tree");
             sync_dir(&root, &read_tree(&kept)?)?;
             let setup = CheckSetup {
@@ -445,15 +446,6 @@ fn rejudge(
     Ok(Outcome { run, plan, trials, left, warnings })
 }
 
-fn read_tree(dir: &std::path::Path) -> Result<Files, Error> {
-    let mut files = Files::new();
-    for path in walk_files(dir) {
-        let bytes = codegen_core::__private::fs::read(&dir.join(&path))?;
-        files.insert(path, bytes);
-    }
-    Ok(files)
-}
-
 /// Settings that make seeds, and so the spread the table shows, mean less than they seem.
 pub fn warnings(chain: &Chain, plan: &RunPlan) -> Vec<String> {
     let mut warnings = Vec::new();
@@ -462,7 +454,7 @@ pub fn warnings(chain: &Chain, plan: &RunPlan) -> Vec<String> {
     }
     // Temperature 0 is greedy decoding: llama.cpp's server and vLLM then ignore the seed, and
     // Ollama often does.
-    let ignores_seed = match chain.backend {
+    let ignores_seed = match chain.backend.kind {
         BackendKind::Ollama => "on Ollama, which then often ignores the seed",
         BackendKind::OpenAi => "(greedy decoding: llama.cpp's server and vLLM then ignore the seed)",
         BackendKind::Scripted => {
@@ -507,7 +499,7 @@ struct Work<'a> {
 
 enum Message {
     Done(Vec<TrialRecord>),
-    Failed(Error),
+    Failed(EvalError),
 }
 
 fn execute(
@@ -518,7 +510,7 @@ fn execute(
     records: &Records,
     pace: &Pace,
     report: &mut dyn FnMut(Report),
-) -> Result<Outcome, Error> {
+) -> Result<Outcome, EvalError> {
     let mut trials = run.read_trials()?;
     let all = units(chain, &plan);
     let total: usize = all.iter().map(|&u| unit_trials(chain, &plan, u).len()).sum();
@@ -534,7 +526,7 @@ fn execute(
             if let Some(missing) =
                 chain.graph.dependencies(index).iter().find(|&&d| !recorded.contains_key(&chain.steps[d].id))
             {
-                return Err(Error::Eval {
+                return Err(EvalError::Unusable {
                     package: chain.package_name.clone(),
                     problem: format!(
                         "step `{id}` runs after step `{}`, which has no recorded output to start from; record it with \
@@ -558,7 +550,7 @@ fn execute(
     let queue = Mutex::new(todo);
     let workers = pace.jobs.max(1).min(queue.lock().map(|q| q.len()).unwrap_or(1)).max(1);
     let (sender, receiver) = mpsc::channel::<Message>();
-    let mut failure: Option<Error> = None;
+    let mut failure: Option<EvalError> = None;
     std::thread::scope(|scope| {
         for slot in 0..workers {
             let sender = sender.clone();
@@ -621,7 +613,7 @@ fn serves_one_at_a_time(chain: &Chain) -> bool {
     let host = url.split("://").nth(1).unwrap_or(&url).split(['/', '?']).next().unwrap_or_default();
     let host =
         host.rsplit_once(':').map(|(h, _)| h).filter(|h| !h.ends_with(']') || h.starts_with('[')).unwrap_or(host);
-    chain.backend == BackendKind::Ollama
+    chain.backend.kind == BackendKind::Ollama
         || host == "localhost"
         || host.starts_with("127.")
         || host == "[::1]"
@@ -629,7 +621,7 @@ fn serves_one_at_a_time(chain: &Chain) -> bool {
 }
 
 /// Runs one unit; `None` when it was interrupted.
-fn run_unit(work: &Work<'_>, unit: Unit, slot: usize) -> Result<Option<Vec<TrialRecord>>, Error> {
+fn run_unit(work: &Work<'_>, unit: Unit, slot: usize) -> Result<Option<Vec<TrialRecord>>, EvalError> {
     let chain = work.chain;
     match unit {
         Unit::Step { step, model, seed } => {
@@ -694,15 +686,7 @@ fn skipped(work: &Work<'_>, step: &StepConfig, model: usize, seed: u64, name: &s
 /// The files step `index` starts from: those of the steps it runs after, transitively, each
 /// over the ones before it in the graph's order.
 fn dependencies_tree<'f>(chain: &Chain, index: usize, files_of: &dyn Fn(&str) -> Option<&'f Files>) -> Files {
-    let mut tree = Files::new();
-    for &d in chain.graph.order() {
-        if chain.graph.depends_on(index, d)
-            && let Some(files) = files_of(&chain.steps[d].id)
-        {
-            tree.extend(files.iter().map(|(p, b)| (p.clone(), b.clone())));
-        }
-    }
-    tree
+    overlay(&chain.graph, chain.graph.dependencies(index), |d| files_of(&chain.steps[d].id))
 }
 
 /// Runs one trial; `None` when it was interrupted. Also returns the trial's own files.
@@ -714,7 +698,7 @@ fn run_trial(
     tree: &Files,
     name: &str,
     slot: usize,
-) -> Result<Option<(TrialRecord, Files)>, Error> {
+) -> Result<Option<(TrialRecord, Files)>, EvalError> {
     let chain = work.chain;
     let mut step = chain.steps[index].clone();
     let model_name = &work.plan.models[model];
@@ -724,15 +708,15 @@ fn run_trial(
     if let Some(temperature) = work.plan.temperature {
         step.temperature = Some(temperature);
     }
-    let mut config = chain.backend_config(&step);
+    let mut config = step.backend.clone();
     config.cancel = work.cancel.clone();
     let backend = config.open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
     let mut backend = Gated { inner: backend, gate: &work.gate, cancel: &work.cancel };
     let (mounted, later) = the_rest_of_the_chain(chain, index, &work.recorded);
     let check_tree = work.layout.check_tree_dir(&format!(".eval-{slot}"));
     let surroundings = Surroundings { tree, mounted, later, check_tree, cancel: &work.cancel };
-    let mut quiet = |_: crate::run::schedule::Progress| {};
-    let progress: RefCell<&mut dyn FnMut(crate::run::schedule::Progress)> = RefCell::new(&mut quiet);
+    let mut quiet = |_: Progress| {};
+    let progress: RefCell<&mut dyn FnMut(Progress)> = RefCell::new(&mut quiet);
     let started = Instant::now();
     let Attempted { outcome, files, .. } =
         attempt(chain, work.layout, &step, Some(seed), &mut backend, &surroundings, &progress)?;
@@ -744,7 +728,7 @@ fn run_trial(
         Err(failure) => (
             &failure.transcript,
             score::classify(&failure.error, &failure.transcript, with_tests),
-            Some(crate::error::report(failure)),
+            Some(report(failure)),
         ),
     };
     let totals = transcript.totals();

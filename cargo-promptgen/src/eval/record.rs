@@ -14,10 +14,21 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::score::Verdict;
-use crate::error::Error;
+use super::error::EvalError;
 use crate::record::layout::Layout;
 use crate::record::lock::LockedFile;
+
+/// How a trial did against one part of its check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// It ran and passed.
+    Passed,
+    /// It ran and failed.
+    Failed,
+    /// It never ran: the model never got that far, or (tests) the code did not compile.
+    NotRun,
+}
 
 /// What an evaluation run was asked to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,10 +113,10 @@ pub struct RunDir {
 
 impl RunDir {
     /// A new run folder for `package`, named after the time (UTC) it began.
-    pub fn create(layout: &Layout, package: &str, now: u64) -> Result<RunDir, Error> {
+    pub fn create(layout: &Layout, package: &str, now: u64) -> Result<RunDir, EvalError> {
         let base = format!("{package}-{}", utc_stamp(now));
         let runs = layout.eval_dir();
-        codegen_core::__private::fs::create_dir_all(&runs)?;
+        codegen_core::fs::create_dir_all(&runs)?;
         for n in 1u32.. {
             let name = if n == 1 { base.clone() } else { format!("{base}-{n}") };
             let dir = runs.join(&name);
@@ -119,11 +130,11 @@ impl RunDir {
     }
 
     /// The run `name` of `layout`'s target folder, or (`None`) the latest run of `package`.
-    pub fn open(layout: &Layout, package: &str, name: Option<&str>) -> Result<RunDir, Error> {
+    pub fn open(layout: &Layout, package: &str, name: Option<&str>) -> Result<RunDir, EvalError> {
         let runs = layout.eval_dir();
         let name = match name {
             Some(name) => name.to_string(),
-            None => latest(&runs, package).ok_or_else(|| Error::Eval {
+            None => latest(&runs, package).ok_or_else(|| EvalError::Unusable {
                 package: package.to_string(),
                 problem: format!("there is no evaluation run of {package} under `{}` to resume", runs.display()),
             })?,
@@ -131,7 +142,7 @@ impl RunDir {
         let dir = runs.join(&name);
         if !dir.join("run.json").is_file() {
             let known = list(&runs, package);
-            return Err(Error::Eval {
+            return Err(EvalError::Unusable {
                 package: package.to_string(),
                 problem: format!(
                     "there is no evaluation run `{name}` under `{}`{}",
@@ -144,26 +155,26 @@ impl RunDir {
     }
 
     /// `run.json`.
-    pub fn read_plan(&self) -> Result<RunPlan, Error> {
+    pub fn read_plan(&self) -> Result<RunPlan, EvalError> {
         let path = self.dir.join("run.json");
-        let text = codegen_core::__private::fs::read_to_string(&path)?;
+        let text = codegen_core::fs::read_to_string(&path)?;
         serde_json::from_str(&text).map_err(|e| self.damaged(&path, e))
     }
 
     /// Writes `run.json`.
-    pub fn write_plan(&self, plan: &RunPlan) -> Result<(), Error> {
+    pub fn write_plan(&self, plan: &RunPlan) -> Result<(), EvalError> {
         let text = serde_json::to_string_pretty(plan).expect("a plan serializes");
-        Ok(codegen_core::__private::fs::write_atomic(&self.dir.join("run.json"), text.as_bytes())?)
+        Ok(codegen_core::fs::write_atomic(&self.dir.join("run.json"), text.as_bytes())?)
     }
 
     /// The finished trials, in the order they finished. A last line cut short (the run was
     /// killed while writing it) is dropped: that trial runs again.
-    pub fn read_trials(&self) -> Result<Vec<TrialRecord>, Error> {
+    pub fn read_trials(&self) -> Result<Vec<TrialRecord>, EvalError> {
         let path = self.dir.join("trials.jsonl");
         if !path.exists() {
             return Ok(Vec::new());
         }
-        let text = codegen_core::__private::fs::read_to_string(&path)?;
+        let text = codegen_core::fs::read_to_string(&path)?;
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
         let mut trials = Vec::new();
         for (n, line) in lines.iter().enumerate() {
@@ -177,7 +188,7 @@ impl RunDir {
     }
 
     /// Appends one trial to `trials.jsonl`, whole, and flushes it to the disk.
-    pub fn append_trial(&self, trial: &TrialRecord) -> Result<(), Error> {
+    pub fn append_trial(&self, trial: &TrialRecord) -> Result<(), EvalError> {
         let path = self.dir.join("trials.jsonl");
         let line = format!("{}\n", serde_json::to_string(trial).expect("a trial serializes"));
         let append = || -> std::io::Result<()> {
@@ -189,10 +200,10 @@ impl RunDir {
     }
 
     /// Writes a trial's transcript; its path relative to the run folder.
-    pub fn write_transcript(&self, trial: &str, jsonl: &str) -> Result<String, Error> {
+    pub fn write_transcript(&self, trial: &str, jsonl: &str) -> Result<String, EvalError> {
         let relative = format!("transcripts/{trial}.jsonl");
-        codegen_core::__private::fs::create_dir_all(&self.dir.join("transcripts"))?;
-        codegen_core::__private::fs::write_atomic(&self.dir.join(&relative), jsonl.as_bytes())?;
+        codegen_core::fs::create_dir_all(&self.dir.join("transcripts"))?;
+        codegen_core::fs::write_atomic(&self.dir.join(&relative), jsonl.as_bytes())?;
         Ok(relative)
     }
 
@@ -202,13 +213,13 @@ impl RunDir {
     }
 
     /// Writes `summary.json`.
-    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<(), Error> {
+    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<(), EvalError> {
         let text = serde_json::to_string_pretty(summary).expect("a summary serializes");
-        Ok(codegen_core::__private::fs::write_atomic(&self.dir.join("summary.json"), text.as_bytes())?)
+        Ok(codegen_core::fs::write_atomic(&self.dir.join("summary.json"), text.as_bytes())?)
     }
 
-    fn damaged(&self, path: &Path, error: serde_json::Error) -> Error {
-        Error::Eval {
+    fn damaged(&self, path: &Path, error: serde_json::Error) -> EvalError {
+        EvalError::Unusable {
             package: self.package.clone(),
             problem: format!(
                 "`{}` is damaged ({error}); delete the run folder `{}` and start a new run",

@@ -8,19 +8,7 @@ use codegen_core::backend::BackendError;
 use codegen_core::transcript::{Event, Transcript};
 use serde::{Deserialize, Serialize};
 
-use super::record::TrialRecord;
-
-/// How a trial did against one part of its check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// It ran and passed.
-    Passed,
-    /// It ran and failed.
-    Failed,
-    /// It never ran: the model never got that far, or (tests) the code did not compile.
-    NotRun,
-}
+use super::record::{TrialRecord, Verdict};
 
 /// What a trial's end says, as the row statistics need it.
 #[derive(Debug, Clone, PartialEq, Eq)]

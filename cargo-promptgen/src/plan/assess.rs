@@ -1,28 +1,14 @@
-//! Which steps are fresh, which must run again, and why.
-//!
-//! A step is *fresh* when its fingerprint (prompt, system prompt, settings, tool contract,
-//! script, inputs, and what the steps it runs after handed over) hashes to the key in the
-//! lock, and its stored files still match their recorded hashes. Because each fingerprint
-//! holds the key and files of the steps it runs after (`after`, see [`crate::graph`]), and
-//! those hold theirs, a change to step 02 makes 02 and its dependents stale, transitively, and
-//! nothing else: not the steps it runs after, nor the steps independent of it.
-//!
-//! What a fingerprint holds of its dependencies ([`handoff`]): when a step runs after exactly
-//! the step before it in id order (a chain without `after`), the digest of that step's key and
-//! files in `previous`, as before `after` existed, so that those locks keep their keys byte
-//! for byte; otherwise one digest per step it runs after, by id, in `after`.
+//! Assessing steps: fresh, pending or stale, each given what the steps it runs after handed
+//! over, in the graph's order.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use crate::config::{Chain, StepConfig};
+use crate::error::{Error, MissingFile, StaleStep};
+use crate::files::Files;
+use crate::record::lock::{Fingerprint, LockedStep};
+use crate::record::records::Records;
 
-use codegen_core::__private::fs;
-
-use crate::config::{Chain, CheckSpec, StepConfig};
-use crate::error::{Error, StaleStep};
-use crate::record::cache::MissingFile;
-use crate::record::layout::{Layout, Store};
-use crate::record::lock::{Fingerprint, Lock, LockedStep, sha256_hex};
-use crate::record::store::{Files, Storage};
+use super::explain::{and_list, explain, explain_dependencies};
+use super::fingerprint::{Handoff, Memo, fingerprint_with, handoff};
 
 /// Where a step's recorded result comes from, or why there is none to use.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,34 +43,9 @@ pub struct Assessed {
     pub missing: Vec<MissingFile>,
 }
 
-/// The committed and pending records of a package, read once.
-#[derive(Debug, Clone)]
-pub struct Records {
-    /// The committed lock.
-    pub lock: Lock,
-    /// Where the committed lock's files are kept.
-    pub store: Storage,
-    /// The pending lock, when a build left one.
-    pub pending: Option<Lock>,
-    /// The pending store.
-    pub pending_store: Store,
-}
-
-impl Records {
-    /// Reads the lock and the pending lock of `layout`.
-    pub fn read(layout: &Layout) -> Result<Records, Error> {
-        let pending_path = layout.pending_lock_path();
-        Ok(Records {
-            lock: Lock::read(&layout.lock_path())?,
-            store: layout.committed()?,
-            pending: if pending_path.exists() { Some(Lock::read(&pending_path)?) } else { None },
-            pending_store: layout.pending_store(),
-        })
-    }
-}
-
 /// Assesses step `step`, given what the steps it runs after handed over or, when some of them
 /// are stale, their ids.
+#[cfg(feature = "online")]
 pub fn assess(
     chain: &Chain,
     step: &StepConfig,
@@ -93,27 +54,6 @@ pub fn assess(
     forced: bool,
 ) -> Result<Assessed, Error> {
     assess_with(chain, step, upstream, records, forced, &mut Memo::default())
-}
-
-/// What [`plan`] works out once for all its steps: the hashes of files that several steps
-/// read (a shared system prompt, an input folder) and of the tool contracts.
-#[derive(Default)]
-struct Memo {
-    /// Hashes of the files fingerprints read, by path.
-    file_hashes: HashMap<PathBuf, String>,
-    /// Contract hashes, by protocol and whether there is a check.
-    contracts: HashMap<(&'static str, bool), String>,
-}
-
-impl Memo {
-    fn hash_file(&mut self, path: &Path) -> Result<String, Error> {
-        if let Some(hash) = self.file_hashes.get(path) {
-            return Ok(hash.clone());
-        }
-        let hash = sha256_hex(&fs::read(path)?);
-        self.file_hashes.insert(path.to_path_buf(), hash.clone());
-        Ok(hash)
-    }
 }
 
 fn assess_with(
@@ -242,15 +182,6 @@ pub fn plan(chain: &Chain, records: &Records) -> Result<Vec<Assessed>, Error> {
     Ok(assessed.into_iter().flatten().collect())
 }
 
-/// `a`, `a and b`, `a, b and c`.
-fn and_list(items: &[&str]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => (*one).to_string(),
-        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
-    }
-}
-
 /// The stale steps of a plan, with their reasons.
 pub fn stale_steps(plan: &[Assessed]) -> Vec<StaleStep> {
     plan.iter()
@@ -259,205 +190,4 @@ pub fn stale_steps(plan: &[Assessed]) -> Vec<StaleStep> {
             _ => None,
         })
         .collect()
-}
-
-/// What a fingerprint holds of the steps its step runs after.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Handoff {
-    /// [`Fingerprint::previous`].
-    pub previous: Option<String>,
-    /// [`Fingerprint::after`].
-    pub after: BTreeMap<String, String>,
-}
-
-/// What `step`'s fingerprint holds of `recorded`, the records of the steps it runs after
-/// (each [`StepConfig::after`], in that order): the digest of the one step in `previous` when
-/// it runs after exactly the step before it in id order, as every step did before `after`
-/// existed, so those keys do not change; else one digest per step, by id, in `after`.
-pub fn handoff(chain: &Chain, step: &StepConfig, recorded: &[&LockedStep]) -> Handoff {
-    let before = chain.index(&step.id).and_then(|i| i.checked_sub(1)).map(|i| chain.steps[i].id.as_str());
-    match recorded {
-        [] => Handoff::default(),
-        [only] if Some(only.id.as_str()) == before => {
-            Handoff { previous: Some(only.handoff_digest()), after: BTreeMap::new() }
-        }
-        many => Handoff {
-            previous: None,
-            after: many.iter().map(|entry| (entry.id.clone(), entry.handoff_digest())).collect(),
-        },
-    }
-}
-
-/// The fingerprint of `step` as it is declared now, given the records of the steps it runs
-/// after (each of [`StepConfig::after`], in that order).
-pub fn fingerprint(chain: &Chain, step: &StepConfig, after: &[&LockedStep]) -> Result<Fingerprint, Error> {
-    fingerprint_with(chain, step, handoff(chain, step, after), &mut Memo::default())
-}
-
-fn fingerprint_with(chain: &Chain, step: &StepConfig, handoff: Handoff, memo: &mut Memo) -> Result<Fingerprint, Error> {
-    let mut inputs = BTreeMap::new();
-    for input in &step.inputs {
-        if input.is_dir {
-            // What the sandbox shows the model: links followed inside the package only.
-            let files = codegen_core::sandbox::input_files(&input.real_path, Some(&chain.package_dir))
-                .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
-            for (rel, real) in files {
-                let virtual_path = format!("{}/{rel}", input.virtual_path);
-                if !codegen_core::sandbox::is_protected(&virtual_path) {
-                    inputs.insert(virtual_path, memo.hash_file(&real)?);
-                }
-            }
-        } else {
-            inputs.insert(input.virtual_path.clone(), memo.hash_file(&input.real_path)?);
-        }
-    }
-    let with_check = step.check != CheckSpec::None;
-    let contract = memo
-        .contracts
-        .entry((protocol_name(step.protocol), with_check))
-        .or_insert_with(|| contract_hash(step.protocol, with_check))
-        .clone();
-    Ok(Fingerprint {
-        backend: chain.backend.as_str().to_string(),
-        model: step.model.clone(),
-        protocol: protocol_name(step.protocol).to_string(),
-        seed: step.seed,
-        temperature: step.temperature,
-        prompt: memo.hash_file(&step.prompt)?,
-        system_prompt: step.system_prompt.as_deref().map(|path| memo.hash_file(path)).transpose()?,
-        contract,
-        check: match &step.check {
-            CheckSpec::None => None,
-            // The edition decides what compiles, so it is part of what the check is.
-            CheckSpec::Rustc => Some(format!("rustc --edition={}", chain.edition)),
-            command => Some(command.describe()),
-        },
-        script: match (&step.script, chain.backend) {
-            (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(memo.hash_file(script)?),
-            _ => None,
-        },
-        outputs: step.outputs.clone(),
-        inputs,
-        previous: handoff.previous,
-        after: handoff.after,
-    })
-}
-
-/// The hash of what the loop tells a model under `protocol`, with or without a check.
-fn contract_hash(protocol: codegen_core::ToolProtocol, with_check: bool) -> String {
-    sha256_hex(codegen_core::__private::run::contract(protocol, with_check).as_bytes())
-}
-
-/// The protocol a fingerprint names.
-fn protocol_named(name: &str) -> Option<codegen_core::ToolProtocol> {
-    [codegen_core::ToolProtocol::Native, codegen_core::ToolProtocol::Json, codegen_core::ToolProtocol::Blocks]
-        .into_iter()
-        .find(|p| protocol_name(*p) == name)
-}
-
-/// The name of a protocol as configuration spells it.
-pub fn protocol_name(protocol: codegen_core::ToolProtocol) -> &'static str {
-    match protocol {
-        codegen_core::ToolProtocol::Native => "native",
-        codegen_core::ToolProtocol::Json => "json",
-        codegen_core::ToolProtocol::Blocks => "blocks",
-    }
-}
-
-/// What differs between a recorded fingerprint and the current one, in words.
-pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> Vec<String> {
-    let mut reasons = Vec::new();
-    if recorded.model != now.model {
-        reasons.push(format!("model changed: `{}` -> {}", recorded.model, step.describe_model()));
-    }
-    let mut setting = |name: &str, before: String, after: String| {
-        if before != after {
-            reasons.push(format!("{name} changed: {before} -> {after}"));
-        }
-    };
-    let show = |v: Option<String>| v.unwrap_or_else(|| "(none)".into());
-    setting("backend", recorded.backend.clone(), now.backend.clone());
-    setting("protocol", recorded.protocol.clone(), now.protocol.clone());
-    setting("seed", show(recorded.seed.map(|s| s.to_string())), show(now.seed.map(|s| s.to_string())));
-    setting(
-        "temperature",
-        show(recorded.temperature.map(|t| t.to_string())),
-        show(now.temperature.map(|t| t.to_string())),
-    );
-    setting("declared outputs", format!("{:?}", recorded.outputs), format!("{:?}", now.outputs));
-    if recorded.prompt != now.prompt {
-        reasons.push(format!("prompt `{}` changed", step.prompt_display));
-    }
-    match (&recorded.system_prompt, &now.system_prompt) {
-        (a, b) if a == b => {}
-        (None, Some(_)) => reasons.push("a system prompt was added".into()),
-        (Some(_), None) => reasons.push("the system prompt was removed".into()),
-        _ => reasons.push("the system prompt changed".into()),
-    }
-    // The contract follows from the protocol and whether there is a check; blame codegen-core
-    // only when the recorded settings would give another contract today.
-    let contract_today = protocol_named(&recorded.protocol).map(|p| contract_hash(p, recorded.check.is_some()));
-    if contract_today.as_ref() != Some(&recorded.contract) {
-        reasons.push("the tool definitions or the loop's instructions changed (codegen-core was updated)".into());
-    }
-    if recorded.check != now.check {
-        let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
-        reasons.push(format!("check changed: {} -> {}", show(&recorded.check), show(&now.check)));
-    }
-    if recorded.script != now.script {
-        reasons.push("its script changed".into());
-    }
-    for (path, hash) in &now.inputs {
-        match recorded.inputs.get(path) {
-            None => reasons.push(format!("input `{path}` was added")),
-            Some(old) if old != hash => reasons.push(format!("input `{path}` changed")),
-            Some(_) => {}
-        }
-    }
-    for path in recorded.inputs.keys().filter(|p| !now.inputs.contains_key(*p)) {
-        reasons.push(format!("input `{path}` was removed"));
-    }
-    reasons
-}
-
-/// What differs in what the steps `step` runs after handed over, between a recorded fingerprint
-/// and the current one (whose dependencies all have usable records), in words.
-pub fn explain_dependencies(
-    chain: &Chain,
-    step: &StepConfig,
-    recorded: &Fingerprint,
-    now: &Fingerprint,
-) -> Vec<String> {
-    let mut reasons = Vec::new();
-    if recorded.previous == now.previous && recorded.after == now.after {
-        return reasons;
-    }
-    let before = chain.index(&step.id).and_then(|i| i.checked_sub(1)).map(|i| chain.steps[i].id.clone());
-    // What a fingerprint says the step runs after, for messages.
-    let describe = |f: &Fingerprint| match (&f.previous, f.after.is_empty()) {
-        (Some(_), _) if f == now => format!("step {} (the step before it)", before.clone().unwrap_or_default()),
-        (Some(_), _) => "the step before it".to_string(),
-        (None, true) => "no step".to_string(),
-        (None, false) => f.after.keys().map(String::as_str).collect::<Vec<_>>().join(", "),
-    };
-    match (recorded.previous.is_some(), now.previous.is_some()) {
-        // The step before it in id order: the message of chains without `after`, as it was.
-        (true, true) => reasons.push("the previous step's output changed".into()),
-        (false, false) if !recorded.after.is_empty() || !now.after.is_empty() => {
-            for (id, digest) in &now.after {
-                match recorded.after.get(id) {
-                    None => reasons.push(format!("it runs after step {id} now")),
-                    Some(old) if old != digest => {
-                        reasons.push(format!("the output of step {id}, which it runs after, changed"))
-                    }
-                    Some(_) => {}
-                }
-            }
-            for id in recorded.after.keys().filter(|id| !now.after.contains_key(*id)) {
-                reasons.push(format!("it no longer runs after step {id}"));
-            }
-        }
-        _ => reasons.push(format!("the steps it runs after changed: {} (was: {})", describe(now), describe(recorded))),
-    }
-    reasons
 }

@@ -15,17 +15,14 @@
 //! needed to build. Nothing removes objects: the cache only grows, and deleting it is always
 //! safe (`pull` fetches again what a lock names).
 
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use codegen_core::__private::fs;
+use codegen_core::fs;
 
-use crate::error::Error;
-use crate::record::lock::{LockedStep, sha256_hex};
-use crate::record::store::Files;
-
-/// The variable that names the cache folder; it beats the user's cache folder.
-pub const CACHE_DIR_VAR: &str = "PROMPTGEN_CACHE_DIR";
+use crate::error::{Error, MissingFile};
+use crate::files::Files;
+use crate::hash::{is_sha256, sha256_hex};
+use crate::record::lock::LockedStep;
 
 /// The content-addressed cache folder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,37 +43,6 @@ pub enum Lookup {
         /// What its bytes hash to.
         actual: String,
     },
-}
-
-/// A file the lock names that the cache cannot give.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MissingFile {
-    /// The step that recorded it.
-    pub step: String,
-    /// Its path in the generated tree.
-    pub path: String,
-    /// The SHA-256 the lock records.
-    pub sha256: String,
-    /// Whether an object is there but damaged (rather than absent).
-    pub damaged: bool,
-}
-
-impl fmt::Display for MissingFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = if self.damaged { "damaged" } else { "missing" };
-        write!(f, "step {}: `{}` (sha256 {}): {state}", self.step, self.path, short(&self.sha256))
-    }
-}
-
-/// The first 12 characters of a hash, for messages.
-pub fn short(hash: &str) -> &str {
-    hash.get(..12).unwrap_or(hash)
-}
-
-/// Whether `text` is a SHA-256 as the lock writes it: 64 lower-case hex digits. Only such
-/// names become paths in the cache or keys in the bucket.
-pub fn is_sha256(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 impl Cache {
@@ -178,87 +144,10 @@ impl Cache {
     }
 }
 
-/// The cache folder the environment names: `PROMPTGEN_CACHE_DIR`, else the user's cache
-/// folder (`$XDG_CACHE_HOME` or `~/.cache` on Linux and the BSDs, `~/Library/Caches` on macOS,
-/// `%LOCALAPPDATA%` on Windows) joined with `promptgen`. `Ok(None)` when the environment names
-/// none; `Err` with the variable and its value when `PROMPTGEN_CACHE_DIR` is not absolute.
-pub fn default_dir(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<PathBuf>, (&'static str, String)> {
-    let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-    if let Some(dir) = var(CACHE_DIR_VAR) {
-        return if Path::new(&dir).is_absolute() { Ok(Some(PathBuf::from(dir))) } else { Err((CACHE_DIR_VAR, dir)) };
-    }
-    let absolute = |name: &str| var(name).map(PathBuf::from).filter(|p| p.is_absolute());
-    let user_cache = if cfg!(windows) {
-        absolute("LOCALAPPDATA")
-    } else if cfg!(target_os = "macos") {
-        absolute("HOME").map(|home| home.join("Library/Caches"))
-    } else {
-        absolute("XDG_CACHE_HOME").or_else(|| absolute("HOME").map(|home| home.join(".cache")))
-    };
-    Ok(user_cache.map(|dir| dir.join("promptgen")))
-}
-
-/// The variables [`default_dir`] reads.
-pub const DIR_VARS: &[&str] = &[CACHE_DIR_VAR, "XDG_CACHE_HOME", "HOME", "LOCALAPPDATA"];
-
-/// `cache_url`: an S3 bucket and a key prefix (`s3://bucket/some/prefix`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheUrl {
-    /// The bucket.
-    pub bucket: String,
-    /// The key prefix without slashes at either end; empty for the bucket's root.
-    pub prefix: String,
-}
-
-impl CacheUrl {
-    /// Reads `s3://bucket[/prefix]`. The bucket follows S3's rules (3 to 63 lower-case letters,
-    /// digits, dots and hyphens, starting and ending with a letter or digit); the prefix is made
-    /// of path segments of letters, digits and `-_.~!*'()+=,@`, none of them `.` or `..`.
-    pub fn parse(text: &str) -> Result<CacheUrl, String> {
-        let rest = text.strip_prefix("s3://").ok_or_else(|| "it does not start with `s3://`".to_string())?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-        if !(3..=63).contains(&bucket.len())
-            || !bucket.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
-            || !edge_ok(bucket.chars().next())
-            || !edge_ok(bucket.chars().last())
-        {
-            return Err(format!(
-                "the bucket name `{bucket}` is not one S3 allows (3 to 63 lower-case letters, digits, dots and hyphens)"
-            ));
-        }
-        let prefix = prefix.trim_matches('/');
-        for segment in prefix.split('/').filter(|_| !prefix.is_empty()) {
-            let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.~!*'()+=,@".contains(c);
-            if segment.is_empty() || segment == "." || segment == ".." || !segment.chars().all(allowed) {
-                return Err(format!(
-                    "the key prefix `{prefix}` has a segment `{segment}` that is empty, `.`, `..` or holds other \
-                     characters than letters, digits and -_.~!*'()+=,@"
-                ));
-            }
-        }
-        Ok(CacheUrl { bucket: bucket.to_string(), prefix: prefix.to_string() })
-    }
-
-    /// The object key of `name` (`sha256/<hash>`, `transcripts/<key>.jsonl`) under the prefix.
-    pub fn key(&self, name: &str) -> String {
-        if self.prefix.is_empty() { name.to_string() } else { format!("{}/{name}", self.prefix) }
-    }
-}
-
-impl fmt::Display for CacheUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.prefix.is_empty() {
-            write!(f, "s3://{}", self.bucket)
-        } else {
-            write!(f, "s3://{}/{}", self.bucket, self.prefix)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::sha256_hex;
     use crate::record::lock::{Fingerprint, LockedFile};
 
     fn entry(files: &[(&str, &[u8])]) -> LockedStep {
@@ -352,44 +241,5 @@ mod tests {
         assert_eq!(cache.transcript(&step.key).unwrap(), None);
         cache.put_transcript(&step.key, "{}\n").unwrap();
         assert_eq!(cache.transcript(&step.key).unwrap().as_deref(), Some("{}\n"));
-    }
-
-    #[test]
-    fn the_cache_folder_comes_from_the_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
-        };
-        let dir = default_dir(&env(&[("PROMPTGEN_CACHE_DIR", "/c"), ("HOME", "/h")])).unwrap();
-        assert_eq!(dir, Some(PathBuf::from("/c")));
-        assert_eq!(default_dir(&env(&[("PROMPTGEN_CACHE_DIR", "rel")])), Err((CACHE_DIR_VAR, "rel".to_string())));
-        assert_eq!(default_dir(&env(&[])).unwrap(), None);
-        if cfg!(all(unix, not(target_os = "macos"))) {
-            let dir = default_dir(&env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])).unwrap();
-            assert_eq!(dir, Some(PathBuf::from("/x/promptgen")));
-            let dir = default_dir(&env(&[("XDG_CACHE_HOME", "relative"), ("HOME", "/h")])).unwrap();
-            assert_eq!(dir, Some(PathBuf::from("/h/.cache/promptgen")), "a relative XDG_CACHE_HOME is ignored");
-        }
-    }
-
-    #[test]
-    fn cache_urls_name_a_bucket_and_a_prefix() {
-        let url = CacheUrl::parse("s3://pg-cache/team/app/").unwrap();
-        assert_eq!((url.bucket.as_str(), url.prefix.as_str()), ("pg-cache", "team/app"));
-        assert_eq!(url.key("sha256/ab"), "team/app/sha256/ab");
-        assert_eq!(url.to_string(), "s3://pg-cache/team/app");
-        let root = CacheUrl::parse("s3://pg-cache").unwrap();
-        assert_eq!((root.key("sha256/ab"), root.to_string()), ("sha256/ab".to_string(), "s3://pg-cache".to_string()));
-        for bad in [
-            "http://b/p",
-            "s3://",
-            "s3://Bucket",
-            "s3://ab",
-            "s3://b_c/x",
-            "s3://bucket/a/../b",
-            "s3://bucket/a//b",
-            "s3://bucket/a b",
-        ] {
-            assert!(CacheUrl::parse(bad).is_err(), "{bad}");
-        }
     }
 }

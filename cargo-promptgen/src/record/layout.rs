@@ -26,11 +26,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{Chain, StoreMode};
+use crate::config::{Chain, StoreMode, StoreSettings};
 use crate::error::Error;
-use crate::record::cache::{Cache, CacheUrl};
+use crate::record::cache::Cache;
 use crate::record::lock::LOCK_FILE;
-use crate::record::store::Storage;
+use crate::record::store::{Storage, Store};
 
 /// The store's folder name inside the package.
 pub const STORE_DIR: &str = "promptgen";
@@ -44,12 +44,8 @@ pub struct Layout {
     pub target_area: PathBuf,
     /// The package's name, used to keep packages apart in the target area.
     pub package_name: String,
-    /// Where the outputs the lock records are kept.
-    pub store_mode: StoreMode,
-    /// The cache folder, when the environment names one.
-    pub cache_dir: Option<PathBuf>,
-    /// The cache's remote, when `cache_url` is set.
-    pub cache_url: Option<CacheUrl>,
+    /// Where the outputs the lock records are kept, and the cache's folder and remote.
+    pub store: StoreSettings,
 }
 
 impl Layout {
@@ -59,9 +55,7 @@ impl Layout {
             package_dir: chain.package_dir.clone(),
             target_area: target_dir.join("promptgen"),
             package_name: chain.package_name.clone(),
-            store_mode: chain.store,
-            cache_dir: chain.cache_dir.clone(),
-            cache_url: chain.cache_url.clone(),
+            store: chain.store.clone(),
         }
     }
 
@@ -77,19 +71,20 @@ impl Layout {
 
     /// The cache folder.
     pub fn cache(&self) -> Result<Cache, Error> {
-        let dir = self.cache_dir.clone().ok_or_else(|| Error::NoCacheDir { package: self.package_name.clone() })?;
+        let dir =
+            self.store.cache_dir.clone().ok_or_else(|| Error::NoCacheDir { package: self.package_name.clone() })?;
         Ok(Cache::new(dir))
     }
 
     /// Where the files the lock records are kept: the package's `promptgen/` folder, or the
     /// cache, as `store` says.
     pub fn committed(&self) -> Result<Storage, Error> {
-        Ok(match self.store_mode {
+        Ok(match self.store.mode {
             StoreMode::Repo => Storage::Folder(self.store()),
             StoreMode::Cache => Storage::Cache {
                 cache: self.cache()?,
                 package: self.package_name.clone(),
-                remote: self.cache_url.as_ref().map(ToString::to_string),
+                remote: self.store.cache_url.as_ref().map(ToString::to_string),
             },
         })
     }
@@ -140,25 +135,6 @@ impl Layout {
     /// [`crate::record::process_lock`], not `promptgen.lock`).
     pub fn process_lock_path(&self) -> PathBuf {
         self.target_area.join(format!("{}.lock", self.package_name))
-    }
-}
-
-/// A folder of step outputs: `<root>/<id>/<files>` and `<root>/<id>.transcript.jsonl`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Store {
-    /// The folder.
-    pub root: PathBuf,
-}
-
-impl Store {
-    /// The folder of step `id`'s files.
-    pub fn step_dir(&self, id: &str) -> PathBuf {
-        self.root.join(id)
-    }
-
-    /// The transcript of step `id`.
-    pub fn transcript_path(&self, id: &str) -> PathBuf {
-        self.root.join(format!("{id}.transcript.jsonl"))
     }
 }
 

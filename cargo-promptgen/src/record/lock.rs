@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::hash::{is_sha256, sha256_hex};
 
 /// The lock's file name, in the package root.
 pub const LOCK_FILE: &str = "promptgen.lock";
@@ -149,14 +150,14 @@ impl Lock {
         if !path.exists() {
             return Ok(Lock::default());
         }
-        let text = codegen_core::__private::fs::read_to_string(path)?;
+        let text = codegen_core::fs::read_to_string(path)?;
         let lock: Lock =
             toml::from_str(&text).map_err(|e| Error::DamagedLock { path: path.to_owned(), detail: e.to_string() })?;
         // Hashes name files in the cache and keys in its bucket: only real ones may.
         let bad_hash = lock.steps.iter().find_map(|step| {
             std::iter::once(("key", &step.key))
                 .chain(step.files.iter().map(|f| ("sha256", &f.sha256)))
-                .find(|(_, hash)| !crate::record::cache::is_sha256(hash))
+                .find(|(_, hash)| !is_sha256(hash))
                 .map(|(field, hash)| {
                     format!("step {} has {field} = {hash:?}, which is not a SHA-256 (64 hex digits)", step.id)
                 })
@@ -184,7 +185,7 @@ impl Lock {
 
     /// Writes the lock atomically, and only if its bytes changed.
     pub fn write(&self, path: &Path) -> Result<(), Error> {
-        codegen_core::__private::fs::write_if_changed(path, self.to_text().as_bytes())?;
+        codegen_core::fs::write_if_changed(path, self.to_text().as_bytes())?;
         Ok(())
     }
 
@@ -200,18 +201,6 @@ impl Lock {
         let rank = |id: &str| order.iter().position(|o| o == id).unwrap_or(usize::MAX);
         self.steps.sort_by(|a, b| rank(&a.id).cmp(&rank(&b.id)).then_with(|| a.id.cmp(&b.id)));
     }
-}
-
-/// Lower-case hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(bytes);
-    let mut hex = String::with_capacity(64);
-    for byte in digest.iter() {
-        hex.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
-        hex.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0'));
-    }
-    hex
 }
 
 #[cfg(test)]
@@ -250,11 +239,6 @@ mod tests {
                 files: vec![LockedFile { path: "view.rs".into(), sha256: sha256_hex(b"view") }],
             }],
         }
-    }
-
-    #[test]
-    fn sha256_matches_a_known_vector() {
-        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]

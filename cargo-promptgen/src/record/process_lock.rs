@@ -2,7 +2,7 @@
 
 use std::fs::File;
 
-use codegen_core::__private::fs::{self, FsError};
+use codegen_core::fs::{self, FsError};
 
 use crate::error::Error;
 use crate::record::layout::Layout;

@@ -3,17 +3,34 @@
 //! whole (or adds objects that are never changed).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use codegen_core::__private::fs;
+use codegen_core::fs;
 
 use crate::error::Error;
+use crate::files::{Files, walk_files};
+use crate::hash::sha256_hex;
 use crate::record::cache::Cache;
-use crate::record::layout::Store;
-use crate::record::lock::{Lock, LockedStep, sha256_hex};
+use crate::record::lock::{Lock, LockedStep};
 
-/// A generated tree or part of one: path (forward slashes) to bytes, in path order.
-pub type Files = std::collections::BTreeMap<String, Vec<u8>>;
+/// A folder of step outputs: `<root>/<id>/<files>` and `<root>/<id>.transcript.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Store {
+    /// The folder.
+    pub root: PathBuf,
+}
+
+impl Store {
+    /// The folder of step `id`'s files.
+    pub fn step_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// The transcript of step `id`.
+    pub fn transcript_path(&self, id: &str) -> PathBuf {
+        self.root.join(format!("{id}.transcript.jsonl"))
+    }
+}
 
 impl Store {
     /// Step `entry`'s files, each checked against the hash the lock records.
@@ -203,21 +220,4 @@ impl Storage {
             Storage::Cache { cache, .. } => cache.transcript(&entry.key),
         }
     }
-}
-
-/// Relative paths (forward slashes) of the files under `dir`, sorted.
-pub(crate) fn walk_files(dir: &Path) -> Vec<String> {
-    let mut files: Vec<String> = walkdir::WalkDir::new(dir)
-        .follow_links(false)
-        .into_iter()
-        .flatten()
-        .filter(|e| !e.file_type().is_dir())
-        .filter_map(|e| {
-            let rel = e.path().strip_prefix(dir).ok()?;
-            let parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-            Some(parts.join("/"))
-        })
-        .collect();
-    files.sort();
-    files
 }

@@ -36,7 +36,8 @@ use aws_sigv4::http_request::{
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 
-use crate::record::cache::CacheUrl;
+use crate::config::CacheUrl;
+use crate::hash::sha256_hex;
 
 /// Tries of one request: the first and this many retries.
 const RETRIES: u32 = 3;
@@ -322,7 +323,7 @@ impl Remote {
     pub fn get_object(&self, sha256: &str) -> Result<Option<Vec<u8>>, RemoteError> {
         let name = format!("sha256/{sha256}");
         let Some(bytes) = self.get(&name)? else { return Ok(None) };
-        let actual = crate::record::lock::sha256_hex(&bytes);
+        let actual = sha256_hex(&bytes);
         if actual != sha256 {
             return Err(RemoteError::Damaged {
                 remote: self.describe(),
@@ -532,7 +533,7 @@ impl Settings {
         let profile = profile_var.clone().unwrap_or_else(|| "default".to_string());
         let read = |path: &Option<PathBuf>| -> Result<Option<(PathBuf, Ini)>, RemoteError> {
             let Some(path) = path else { return Ok(None) };
-            match codegen_core::__private::fs::read_to_string(path) {
+            match codegen_core::fs::read_to_string(path) {
                 Ok(text) => Ok(Some((path.clone(), parse_ini(&text)))),
                 Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(source) => Err(RemoteError::ConfigFile { path: path.clone(), source }),

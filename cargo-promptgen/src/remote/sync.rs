@@ -12,15 +12,50 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use codegen_core::__private::fs;
+use codegen_core::fs;
+
+use std::path::PathBuf;
 
 use crate::config::{self, Chain, StoreMode};
-use crate::error::Error;
-use crate::record::cache::{Cache, Lookup, MissingFile};
+use crate::error::{Error, MissingFile};
+use crate::files::Files;
+use crate::hash::short;
+use crate::record::cache::{Cache, Lookup};
 use crate::record::layout::Layout;
 use crate::record::lock::{Lock, LockedStep};
-use crate::record::store::{Files, Storage};
+use crate::record::store::Storage;
 use crate::remote::s3::{Remote, RemoteError};
+
+/// Why `push`, `pull` or `store --to` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The remote failed.
+    #[error(transparent)]
+    Remote(Box<RemoteError>),
+    /// `store --to` cannot set `store` in the manifest by itself.
+    #[error("cannot set the store in `{}` by itself: {what}; then run the command again. Nothing was moved.", manifest.display())]
+    ManifestEdit {
+        /// The manifest.
+        manifest: PathBuf,
+        /// What to change by hand.
+        what: String,
+    },
+    /// The lock, the store or the local cache failed.
+    #[error(transparent)]
+    Local(#[from] Error),
+}
+
+impl From<RemoteError> for SyncError {
+    fn from(error: RemoteError) -> SyncError {
+        SyncError::Remote(Box::new(error))
+    }
+}
+
+impl From<codegen_core::FsError> for SyncError {
+    fn from(error: codegen_core::FsError) -> SyncError {
+        SyncError::Local(error.into())
+    }
+}
 
 /// How many transfers run at once.
 const PARALLEL: usize = 8;
@@ -68,11 +103,11 @@ enum Outcome {
 /// finishes the item it is on); refusals are collected and the rest go on.
 fn each<T: Sync>(
     items: &[T],
-    work: impl Fn(&T) -> Result<Outcome, Error> + Sync,
-) -> Result<(Transfer, Vec<String>), Error> {
+    work: impl Fn(&T) -> Result<Outcome, SyncError> + Sync,
+) -> Result<(Transfer, Vec<String>), SyncError> {
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let results = Mutex::new((Transfer::default(), Vec::new(), None::<Error>));
+    let results = Mutex::new((Transfer::default(), Vec::new(), None::<SyncError>));
     std::thread::scope(|scope| {
         for _ in 0..PARALLEL.min(items.len()) {
             scope.spawn(|| {
@@ -106,7 +141,7 @@ fn each<T: Sync>(
 /// Uploads every file `lock` names that the remote lacks, and the transcripts the local cache
 /// has for its steps. Every file must be sound in the local cache first: one that is missing
 /// or damaged stops the push before any upload ([`Error::NotInCache`]).
-pub fn push(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Result<Transfer, Error> {
+pub fn push(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Result<Transfer, SyncError> {
     let wanted = objects(lock);
     let mut sound = Vec::with_capacity(wanted.len());
     let mut unsound = Vec::new();
@@ -123,7 +158,8 @@ pub fn push(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Resul
             cache_dir: cache.dir.clone(),
             remote: Some(remote.url().to_string()),
             missing: unsound,
-        });
+        }
+        .into());
     }
     remote.probe()?;
     let (mut transfer, _) = each(&sound, |(sha256, bytes)| {
@@ -158,7 +194,7 @@ pub fn push(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Resul
 /// each against its hash, and the transcripts of their steps when the remote has them. With
 /// nothing missing it makes no request. Files the remote lacks or holds damaged are listed in
 /// one error after the others are fetched.
-pub fn pull(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Result<Transfer, Error> {
+pub fn pull(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Result<Transfer, SyncError> {
     let wanted = objects(lock);
     let total = wanted.len();
     let mut needed = Vec::new();
@@ -213,7 +249,7 @@ pub fn pull(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Resul
 }
 
 fn shown(object: &MissingFile) -> String {
-    format!("step {}: `{}` (sha256 {})", object.step, object.path, crate::record::cache::short(&object.sha256))
+    format!("step {}: `{}` (sha256 {})", object.step, object.path, short(&object.sha256))
 }
 
 /// What `store --to` did.
@@ -240,15 +276,15 @@ pub struct Switch {
 /// local cache, else the remote when one is given); when some cannot be had, nothing is
 /// changed. Then the destination is written, then the manifest, then (to the cache) the
 /// package's step folders are removed; an interrupted switch is finished by running it again.
-pub fn switch(chain: &Chain, layout: &Layout, to: StoreMode, remote: Option<&Remote>) -> Result<Switch, Error> {
+pub fn switch(chain: &Chain, layout: &Layout, to: StoreMode, remote: Option<&Remote>) -> Result<Switch, SyncError> {
     let lock = Lock::read(&layout.lock_path())?;
     let manifest = fs::read_to_string(&chain.manifest_path)?;
-    let new_manifest = if chain.store == to {
+    let new_manifest = if chain.store.mode == to {
         None
     } else {
         Some(
             config::with_store(&manifest, to)
-                .map_err(|what| Error::ManifestEdit { manifest: chain.manifest_path.clone(), what })?,
+                .map_err(|what| SyncError::ManifestEdit { manifest: chain.manifest_path.clone(), what })?,
         )
     };
     let cache = layout.cache()?;
@@ -284,14 +320,15 @@ pub fn switch(chain: &Chain, layout: &Layout, to: StoreMode, remote: Option<&Rem
         return Err(Error::NotInCache {
             package: chain.package_name.clone(),
             cache_dir: cache.dir.clone(),
-            remote: chain.cache_url.as_ref().map(ToString::to_string),
+            remote: chain.store.cache_url.as_ref().map(ToString::to_string),
             missing,
-        });
+        }
+        .into());
     }
     let in_cache = Storage::Cache {
         cache: cache.clone(),
         package: chain.package_name.clone(),
-        remote: chain.cache_url.as_ref().map(ToString::to_string),
+        remote: chain.store.cache_url.as_ref().map(ToString::to_string),
     };
     let in_folder = Storage::Folder(folder.clone());
     let (source, destination) = match to {
@@ -322,5 +359,12 @@ pub fn switch(chain: &Chain, layout: &Layout, to: StoreMode, remote: Option<&Rem
             fs::remove_dir_all(&folder.root)?;
         }
     }
-    Ok(Switch { from: chain.store, to, steps: steps.len(), files, manifest_changed: new_manifest.is_some(), pulled })
+    Ok(Switch {
+        from: chain.store.mode,
+        to,
+        steps: steps.len(),
+        files,
+        manifest_changed: new_manifest.is_some(),
+        pulled,
+    })
 }

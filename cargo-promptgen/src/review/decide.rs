@@ -1,18 +1,66 @@
-//! `cargo promptgen review`, one decision at a time: which pending results can be reviewed,
-//! and what accepting or rejecting one of them does. The binary asks; this decides.
+//! What happens to the results a build left pending: `cargo promptgen accept` records all that
+//! are still current, and `review` decides one at a time which can be reviewed, and what
+//! accepting or rejecting one of them does. The binary asks; this decides.
 //!
 //! A step's pending result was made after the result of the step before it (its key holds
 //! that step's hand-off), so it can be recorded only once that result is: reviewing goes in
 //! chain order, and rejecting a result discards the pending results made after it, which can
 //! never be recorded. The pending area goes once nothing in it waits for review.
 
-use codegen_core::__private::fs;
+use codegen_core::fs;
 
 use crate::config::Chain;
 use crate::error::Error;
-use crate::plan::assess::{Records, StepState, plan};
+use crate::plan::assess::{StepState, plan};
+use crate::record::commit::{Destination, Recorder, discard_pending};
 use crate::record::layout::Layout;
-use crate::run::schedule::discard_pending;
+use crate::record::records::Records;
+
+/// Why `review` cannot decide on a step's pending result.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The step has no pending result, or one made after a result not recorded yet.
+    #[error("step `{id}`'s pending result cannot be reviewed: {why}")]
+    NotReviewable {
+        /// The step.
+        id: String,
+        /// Why.
+        why: String,
+    },
+    /// The record could not be read or written.
+    #[error(transparent)]
+    Record(#[from] Error),
+}
+
+/// What `accept` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcceptReport {
+    /// Steps recorded from the pending area.
+    pub accepted: Vec<String>,
+    /// Pending steps that no longer match their declaration, discarded.
+    pub outdated: Vec<String>,
+}
+
+/// Records the pending results in the committed lock and store, without calling a model.
+/// Only pending steps that are still current are accepted; the pending area is then removed.
+pub fn accept(chain: &Chain, layout: &Layout) -> Result<AcceptReport, Error> {
+    let records = Records::read(layout)?;
+    let Some(pending) = &records.pending else { return Ok(AcceptReport::default()) };
+    let mut recorder = Recorder::open(chain, layout, &records, Destination::Committed)?;
+    let mut report = AcceptReport::default();
+    for assessed in plan(chain, &records)? {
+        if assessed.state == StepState::Pending {
+            let entry = assessed.entry.as_ref().expect("a pending step has its entry");
+            recorder.take(&records, entry, &assessed.files, true)?;
+            report.accepted.push(assessed.id.clone());
+        } else if matches!(assessed.state, StepState::Stale(_)) && pending.step(&assessed.id).is_some() {
+            report.outdated.push(assessed.id.clone());
+        }
+    }
+    recorder.finish(chain, layout, false, false)?;
+    discard_pending(layout)?;
+    Ok(report)
+}
 
 /// The steps whose pending results can be reviewed, in chain order.
 pub fn pending_steps(chain: &Chain, layout: &Layout) -> Result<Vec<String>, Error> {
@@ -33,11 +81,11 @@ pub struct Decided {
 /// Records step `id`'s pending result in the lock and store, as `accept` would for it alone.
 /// Refused, changing nothing, when the result is not pending or was made after a result that
 /// is not recorded yet.
-pub fn accept_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, Error> {
+pub fn accept_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, ReviewError> {
     let records = Records::read(layout)?;
     let pending = records.pending.as_ref().and_then(|lock| lock.step(id)).cloned();
     let Some(entry) = pending.filter(|_| pending_in(chain, &records, id)) else {
-        return Err(Error::NotReviewable { id: id.to_string(), why: "it has no pending result".into() });
+        return Err(ReviewError::NotReviewable { id: id.to_string(), why: "it has no pending result".into() });
     };
     // Judged against the recorded steps alone: the pending lock holds only this step.
     let mut alone = records.clone();
@@ -52,7 +100,7 @@ pub fn accept_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, 
             .filter(|a| a.state != StepState::Fresh)
             .map(|a| a.id.as_str())
             .collect();
-        return Err(Error::NotReviewable {
+        return Err(ReviewError::NotReviewable {
             id: id.to_string(),
             why: format!(
                 "it was made after the pending result of step {}, which must be accepted first",
@@ -60,20 +108,16 @@ pub fn accept_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, 
             ),
         });
     };
-    records.pending_store.copy_step(&entry, &step.files, &records.store)?;
-    let order: Vec<String> = chain.steps.iter().map(|s| s.id.clone()).collect();
-    let mut lock = records.lock.clone();
-    lock.upsert(entry, &order);
-    lock.write(&layout.lock_path())?;
+    Recorder::open(chain, layout, &records, Destination::Committed)?.take(&records, &entry, &step.files, true)?;
     remove_pending(layout, &records, &[id.to_string()])?;
-    tidy(chain, layout, Vec::new())
+    Ok(tidy(chain, layout, Vec::new())?)
 }
 
 /// Removes step `id`'s pending result, and the pending results made after it.
-pub fn reject_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, Error> {
+pub fn reject_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, ReviewError> {
     let records = Records::read(layout)?;
     if !pending_in(chain, &records, id) {
-        return Err(Error::NotReviewable { id: id.to_string(), why: "it has no pending result".into() });
+        return Err(ReviewError::NotReviewable { id: id.to_string(), why: "it has no pending result".into() });
     }
     let before = pending_steps(chain, layout)?;
     remove_pending(layout, &records, &[id.to_string()])?;
@@ -81,7 +125,7 @@ pub fn reject_step(chain: &Chain, layout: &Layout, id: &str) -> Result<Decided, 
     let still = pending_steps(chain, layout)?;
     let discarded: Vec<String> = before.into_iter().filter(|s| s != id && !still.contains(s)).collect();
     remove_pending(layout, &records, &discarded)?;
-    tidy(chain, layout, discarded)
+    Ok(tidy(chain, layout, discarded)?)
 }
 
 fn pending_in(chain: &Chain, records: &Records, id: &str) -> bool {

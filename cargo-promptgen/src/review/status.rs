@@ -2,8 +2,9 @@
 
 use crate::config::{Chain, StoreMode};
 use crate::error::{Error, StaleStep};
-use crate::plan::assess::{Records, StepState, plan, stale_steps};
+use crate::plan::assess::{StepState, plan, stale_steps};
 use crate::record::layout::Layout;
+use crate::record::records::Records;
 
 /// The result of `cargo promptgen check`.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,7 +44,7 @@ pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
         records.lock.steps.iter().filter(|s| chain.step(&s.id).is_none()).map(|s| s.id.clone()).collect();
     let mut declared = records.lock.clone();
     declared.steps.retain(|s| chain.step(&s.id).is_some());
-    if layout.store_mode == StoreMode::Cache {
+    if layout.store.mode == StoreMode::Cache {
         // The lock's files live in the cache: nothing in `promptgen/` belongs to a step.
         declared.steps.clear();
     }
@@ -51,7 +52,7 @@ pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
         .store()
         .unowned(&declared)
         .into_iter()
-        .filter(|path| layout.store_mode == StoreMode::Cache || !removed.iter().any(|id| owned_by(path, id)))
+        .filter(|path| layout.store.mode == StoreMode::Cache || !removed.iter().any(|id| owned_by(path, id)))
         .collect();
     Ok(CheckReport { stale, pending, removed, unowned, not_in_cache })
 }
@@ -126,7 +127,7 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
                 state,
                 reasons,
                 files: recorded.map_or(0, |e| e.files.len()),
-                backend: recorded.map_or_else(|| chain.backend.to_string(), |e| e.fingerprint.backend.clone()),
+                backend: recorded.map_or_else(|| chain.backend.kind.to_string(), |e| e.fingerprint.backend.clone()),
                 model: recorded.map_or_else(|| step.model.clone(), |e| e.fingerprint.model.clone()),
                 model_calls: recorded.map(|e| e.model_calls),
                 tokens: recorded.map(|e| e.prompt_tokens + e.completion_tokens),
@@ -140,18 +141,10 @@ pub fn status(chain: &Chain, layout: &Layout) -> Result<Vec<StatusRow>, Error> {
 }
 
 /// A unified diff from the committed outputs to the pending ones, for every step with
-/// pending results (or only `step`). Empty when nothing is pending. (With the `cli` feature.)
+/// pending results (or only `step`, which must be one of the chain's: see
+/// [`Chain::require_step`]). Empty when nothing is pending. (With the `cli` feature.)
 #[cfg(feature = "cli")]
 pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String, Error> {
-    if let Some(id) = step
-        && chain.step(id).is_none()
-    {
-        return Err(Error::UnknownStep {
-            id: id.to_string(),
-            package: chain.package_name.clone(),
-            known: chain.steps.iter().map(|s| s.id.clone()).collect(),
-        });
-    }
     let records = Records::read(layout)?;
     let Some(pending) = &records.pending else { return Ok(String::new()) };
     let mut out = String::new();
@@ -169,7 +162,7 @@ pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String
         };
         let old_files = match committed {
             Some(entry) => records.store.load(entry).unwrap_or_default(),
-            None => crate::record::store::Files::new(),
+            None => crate::files::Files::new(),
         };
         let mut paths: Vec<&String> = old_files.keys().chain(new_files.keys()).collect();
         paths.sort();

@@ -14,11 +14,26 @@
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use codegen_core::__private::fs;
+use codegen_core::fs::{self, FsError};
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
 use crate::record::layout::Layout;
+
+/// A kept attempt that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// The file is not a kept attempt (cut short, from another version).
+    #[error("`{}` is not a transcript this cargo-promptgen kept ({detail}); delete it", path.display())]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// It could not be read.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,7 +125,7 @@ pub fn now() -> u64 {
 
 /// Keeps `transcript` (JSON Lines) as step `header.step`'s last attempt with its outcome,
 /// replacing the one before; atomic, like every write.
-pub fn keep(layout: &Layout, header: &Header, transcript: &str) -> Result<PathBuf, Error> {
+pub fn keep(layout: &Layout, header: &Header, transcript: &str) -> Result<PathBuf, FsError> {
     let dir = layout.attempts_dir();
     fs::create_dir_all(&dir)?;
     let mut text = serde_json::to_string(&HeaderLine { attempt: header.clone() }).expect("a header serialises");
@@ -122,8 +137,8 @@ pub fn keep(layout: &Layout, header: &Header, transcript: &str) -> Result<PathBu
 }
 
 /// Step `id`'s last attempt with `outcome`, if one is kept. A file that is not a kept attempt
-/// (cut short, from another version) is [`Error::DamagedAttempt`].
-pub fn read(layout: &Layout, id: &str, outcome: Outcome) -> Result<Option<Attempt>, Error> {
+/// (cut short, from another version) is [`AttemptError::Damaged`].
+pub fn read(layout: &Layout, id: &str, outcome: Outcome) -> Result<Option<Attempt>, AttemptError> {
     let path = path(layout, id, outcome);
     let text = match fs::read_to_string(&path) {
         Ok(text) => text,
@@ -133,7 +148,7 @@ pub fn read(layout: &Layout, id: &str, outcome: Outcome) -> Result<Option<Attemp
     let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
     match serde_json::from_str::<HeaderLine>(first) {
         Ok(line) => Ok(Some(Attempt { header: line.attempt, transcript: rest.to_string(), path })),
-        Err(e) => Err(Error::DamagedAttempt { path, detail: e.to_string() }),
+        Err(e) => Err(AttemptError::Damaged { path, detail: e.to_string() }),
     }
 }
 
@@ -148,9 +163,7 @@ mod tests {
             package_dir: dir.path().join("pkg"),
             target_area: dir.path().join("target/promptgen"),
             package_name: "pkg".into(),
-            store_mode: crate::config::StoreMode::Repo,
-            cache_dir: None,
-            cache_url: None,
+            store: crate::config::StoreSettings::default(),
         };
         assert_eq!(read(&layout, "01", Outcome::Failed).unwrap(), None);
         let header = Header {

@@ -5,12 +5,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::chat::{ChatRequest, ChatResponse, Delivery, Progress};
+use super::config::BackendConfig;
+use super::error::{BackendError, classify_status, server_error};
+use super::http;
+use super::http::RetryRecord;
+use super::kind::BackendKind;
 use super::stream::{self, AssembledReply, StreamError};
-use super::{
-    BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, IdMinter, Progress, RetryRecord,
-    classify_status, excerpt, http, server_error,
-};
+use super::wire::IdMinter;
 use crate::chat::{Message, ToolCall};
+use crate::report::excerpt;
 
 /// Turns a final transport failure into its error.
 pub(crate) fn classify_transport(

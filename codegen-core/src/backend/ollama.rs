@@ -6,15 +6,17 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::chat::Usage;
 use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
-use super::{Usage, null_as_empty};
+use super::wire::null_as_empty;
 use crate::chat::Arguments;
 #[cfg(feature = "http")]
 use {
-    super::{
-        Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
-        Wire,
-    },
+    super::chat::{Backend, ChatRequest, ChatResponse, Progress},
+    super::config::BackendConfig,
+    super::error::BackendError,
+    super::exchange::{Ask, Exchange, Unread, Wire},
+    super::kind::BackendKind,
     crate::chat::{Message, Role, ToolSpec},
 };
 
@@ -170,6 +172,13 @@ impl Wire for OllamaWire {
 
     fn decoder() -> stream::Decoder {
         stream::Decoder::ollama()
+    }
+}
+
+impl stream::Decoder {
+    /// A decoder of Ollama's NDJSON stream.
+    pub fn ollama() -> stream::Decoder {
+        stream::Decoder::new(stream::Framing::Ndjson, apply_chunk)
     }
 }
 

@@ -12,15 +12,17 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::chat::Usage;
 use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
-use super::{Usage, null_as_empty};
+use super::wire::null_as_empty;
 use crate::chat::Arguments;
 #[cfg(feature = "http")]
 use {
-    super::{
-        Ask, Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Exchange, Progress, Unread,
-        Wire,
-    },
+    super::chat::{Backend, ChatRequest, ChatResponse, Progress},
+    super::config::BackendConfig,
+    super::error::BackendError,
+    super::exchange::{Ask, Exchange, Unread, Wire},
+    super::kind::BackendKind,
     crate::chat::{Message, Role, ToolSpec},
 };
 
@@ -149,6 +151,13 @@ impl Wire for OpenAiWire {
 
     fn decoder() -> stream::Decoder {
         stream::Decoder::openai()
+    }
+}
+
+impl stream::Decoder {
+    /// A decoder of an OpenAI-compatible server's event stream.
+    pub fn openai() -> stream::Decoder {
+        stream::Decoder::new(stream::Framing::Sse, apply_chunk)
     }
 }
 

@@ -33,7 +33,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Backend, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, IdMinter, Usage};
+use super::chat::{Backend, ChatRequest, ChatResponse, Delivery, Usage};
+use super::error::BackendError;
+use super::kind::BackendKind;
+use super::wire::IdMinter;
 use crate::chat::{Arguments, Message, ToolCall};
 
 /// A backend that answers from a script of canned turns.

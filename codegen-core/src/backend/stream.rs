@@ -18,8 +18,9 @@
 
 use serde_json::Value;
 
-use super::{Progress, Usage, excerpt};
+use super::chat::{Progress, Usage};
 use crate::chat::Arguments;
+use crate::report::excerpt;
 
 /// The longest line either framing accepts. A streamed line holds one piece of a reply; even a
 /// whole reply sent as one line (a server that ignored `stream`) is far smaller.
@@ -81,7 +82,7 @@ pub enum StreamError {
 
 /// Which framing and chunk shape a stream has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
+pub(crate) enum Framing {
     /// Ollama's NDJSON.
     Ndjson,
     /// Server-sent events of OpenAI-compatible servers.
@@ -104,6 +105,8 @@ enum Framing {
 #[derive(Debug, Clone)]
 pub struct Decoder {
     framing: Framing,
+    /// The protocol's reader of one chunk.
+    apply: ApplyChunk,
     /// The line being received.
     line: Vec<u8>,
     /// The last byte ended a line with a CR (SSE): a LF right after it ends nothing more.
@@ -117,20 +120,17 @@ pub struct Decoder {
     assembly: Assembly,
 }
 
+/// A protocol's reader of one chunk (an NDJSON line, an event's data) into the reply; each
+/// protocol module has its own and makes its decoder with it (`Decoder::ollama`,
+/// `Decoder::openai`), so this module knows the framings and neither protocol.
+pub(crate) type ApplyChunk = fn(&mut Assembly, &str) -> Result<(), StreamError>;
+
 impl Decoder {
-    /// A decoder of Ollama's NDJSON stream.
-    pub fn ollama() -> Decoder {
-        Decoder::new(Framing::Ndjson)
-    }
-
-    /// A decoder of an OpenAI-compatible server's event stream.
-    pub fn openai() -> Decoder {
-        Decoder::new(Framing::Sse)
-    }
-
-    fn new(framing: Framing) -> Decoder {
+    /// A decoder of `framing` whose chunks `apply` reads.
+    pub(crate) fn new(framing: Framing, apply: ApplyChunk) -> Decoder {
         Decoder {
             framing,
+            apply,
             line: Vec::new(),
             after_cr: false,
             data: String::new(),
@@ -269,7 +269,7 @@ impl Decoder {
         if text.is_empty() || self.assembly.complete {
             return;
         }
-        if let Err(error) = super::ollama::apply_chunk(&mut self.assembly, text) {
+        if let Err(error) = (self.apply)(&mut self.assembly, text) {
             self.fail(error);
         }
     }
@@ -320,7 +320,7 @@ impl Decoder {
             self.assembly.complete = true;
             Ok(())
         } else {
-            super::openai::apply_chunk(&mut self.assembly, &data)
+            (self.apply)(&mut self.assembly, &data)
         };
         if let Err(error) = result {
             self.fail(error);

@@ -7,10 +7,10 @@ use std::ops::RangeInclusive;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cargo_promptgen::__private::config::{self, Overrides};
-use cargo_promptgen::__private::eval::record::TrialRecord;
-use cargo_promptgen::__private::eval::score::Row;
+use cargo_promptgen::__private::eval::Row;
+use cargo_promptgen::__private::eval::TrialRecord;
 use cargo_promptgen::__private::eval::{self, Outcome, Pace, Report, Spec};
+use cargo_promptgen::__private::{self as internals, Overrides};
 use clap::{Args, ValueEnum};
 
 use crate::live::Verbosity;
@@ -36,7 +36,7 @@ pub struct EvalArgs {
     #[arg(long, conflicts_with = "steps")]
     chain: bool,
     /// Sample at this temperature (0 to 2) instead of the configured one.
-    #[arg(long, value_name = "T", value_parser = number_in(config::TEMPERATURES, "a temperature"))]
+    #[arg(long, value_name = "T", value_parser = number_in(internals::TEMPERATURES, "a temperature"))]
     temperature: Option<f64>,
     /// Run up to N trials at once (beats PROMPTGEN_JOBS and `jobs`; default 1).
     #[arg(short = 'j', long, value_name = "N")]
@@ -49,7 +49,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     k: u32,
     /// The pass rate every step × model must reach (beats `[package.metadata.promptgen.eval]`).
-    #[arg(long, value_name = "RATE", value_parser = number_in(config::PASS_RATES, "a pass rate"))]
+    #[arg(long, value_name = "RATE", value_parser = number_in(internals::PASS_RATES, "a pass rate"))]
     min_pass_rate: Option<f64>,
     /// How to print the results.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -433,7 +433,7 @@ fn junit(outcome: &Outcome, rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cargo_promptgen::__private::eval::score::Verdict;
+    use cargo_promptgen::__private::eval::Verdict;
 
     #[test]
     fn xml_escapes_markup_and_drops_control_characters() {

@@ -7,9 +7,9 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use cargo_promptgen::__private::config::Overrides;
-use cargo_promptgen::__private::process_lock::ProcessLock;
-use cargo_promptgen::__private::report::{self, StatusRow};
+use cargo_promptgen::__private::Overrides;
+use cargo_promptgen::__private::ProcessLock;
+use cargo_promptgen::__private::review::{self as report, StatusRow};
 use clap::{Args, ValueEnum};
 
 use crate::{Package, Packages};

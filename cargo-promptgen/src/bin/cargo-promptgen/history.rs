@@ -5,12 +5,12 @@
 use std::path::Path;
 
 use anyhow::Context;
+use cargo_promptgen::__private::Chain;
+use cargo_promptgen::__private::Layout;
+use cargo_promptgen::__private::LockedStep;
+use cargo_promptgen::__private::Records;
 use cargo_promptgen::__private::attempts::{self, Attempt, Outcome, PartialReply};
-use cargo_promptgen::__private::config::Chain;
-use cargo_promptgen::__private::layout::Layout;
-use cargo_promptgen::__private::lock::LockedStep;
-use cargo_promptgen::__private::plan::Records;
-use cargo_promptgen::__private::store::{Files, Storage};
+use cargo_promptgen::__private::{Files, Storage};
 use codegen_core::backend::Usage;
 use codegen_core::chat::{Arguments, Message};
 use serde::Deserialize;
@@ -168,7 +168,7 @@ pub fn collect(
     which: Option<Kind>,
 ) -> anyhow::Result<Vec<StepHistory>> {
     let records = Records::read(layout)?;
-    let plan = cargo_promptgen::__private::plan::plan(chain, &records)?;
+    let plan = cargo_promptgen::__private::plan(chain, &records)?;
     let mut out = Vec::new();
     for (step, assessed) in chain.steps.iter().zip(&plan) {
         if only.is_some_and(|id| id != step.id) {
@@ -182,7 +182,7 @@ pub fn collect(
 /// The trials of evaluation run `run` (only those of step `only`, or the trial so named), each
 /// showing its transcript: passed ones as recorded, the others as failed.
 pub fn eval_trials(chain: &Chain, layout: &Layout, run: &str, only: Option<&str>) -> anyhow::Result<Vec<StepHistory>> {
-    use cargo_promptgen::__private::eval::record::RunDir;
+    use cargo_promptgen::__private::eval::RunDir;
     let run = RunDir::open(layout, &chain.package_name, Some(run))?;
     let mut out = Vec::new();
     for trial in run.read_trials()? {
@@ -221,10 +221,10 @@ fn step_history(
     layout: &Layout,
     records: &Records,
     id: &str,
-    assessed: &cargo_promptgen::__private::plan::Assessed,
+    assessed: &cargo_promptgen::__private::Assessed,
     which: Option<Kind>,
 ) -> anyhow::Result<StepHistory> {
-    use cargo_promptgen::__private::plan::StepState;
+    use cargo_promptgen::__private::StepState;
     let recorded = records.lock.step(id);
     let pending = records
         .pending

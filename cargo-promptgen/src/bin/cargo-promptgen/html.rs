@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use cargo_promptgen::__private::config::Chain;
+use cargo_promptgen::__private::Chain;
 use codegen_core::chat::Role;
 
 use crate::highlight::{escape, rust};

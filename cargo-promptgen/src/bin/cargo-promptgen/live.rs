@@ -22,7 +22,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::generate::Progress;
+use cargo_promptgen::__private::Progress;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 /// How much to say, as cargo's `-q` and `-v` say it.

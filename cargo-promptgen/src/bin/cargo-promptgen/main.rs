@@ -22,16 +22,15 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use cargo_promptgen::__private::cache::Lookup;
-use cargo_promptgen::__private::config::{self, Chain, Overrides, StoreMode};
-use cargo_promptgen::__private::error::Error;
-use cargo_promptgen::__private::generate::{self, Destination};
-use cargo_promptgen::__private::layout::Layout;
-use cargo_promptgen::__private::lock::Lock;
-use cargo_promptgen::__private::process_lock::ProcessLock;
-use cargo_promptgen::__private::remote::{Remote, RemoteError};
-use cargo_promptgen::__private::report;
-use cargo_promptgen::__private::sync::{self, Transfer};
+use cargo_promptgen::__private::Layout;
+use cargo_promptgen::__private::Lock;
+use cargo_promptgen::__private::Lookup;
+use cargo_promptgen::__private::ProcessLock;
+use cargo_promptgen::__private::remote::{self as sync, Remote, RemoteError, SyncError, Transfer};
+use cargo_promptgen::__private::review as report;
+use cargo_promptgen::__private::{self as internals, Chain, Overrides, StoreMode};
+use cargo_promptgen::__private::{Destination, Schedule, discard_pending};
+use cargo_promptgen::Error;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use live::{Live, Verbosity};
 
@@ -240,7 +239,7 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", cargo_promptgen::__private::error::report(err.as_ref()));
+            eprintln!("error: {}", cargo_promptgen::__private::report(err.as_ref()));
             // 128 + SIGINT, as a shell reports a process that Ctrl-C ended.
             let interrupted = matches!(err.downcast_ref::<Error>(), Some(Error::Interrupted { .. }));
             ExitCode::from(if interrupted { 130 } else { 1 })
@@ -294,9 +293,9 @@ fn open_manifest(
     manifest: &Path,
     overrides: &Overrides,
 ) -> anyhow::Result<Package> {
-    // cargo knows the workspace this package belongs to; config::load need not guess.
+    // cargo knows the workspace this package belongs to; internals::load need not guess.
     let overrides = Overrides { workspace_root: Some(metadata.workspace_root.clone().into()), ..overrides.clone() };
-    let chain = config::load_from_env(manifest, &overrides)?;
+    let chain = internals::load_from_env(manifest, &overrides)?;
     let layout = Layout::new(&chain, metadata.target_directory.as_std_path());
     Ok(Package { chain, layout })
 }
@@ -368,14 +367,7 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
     };
     let Package { chain, layout } = open(&args.selection, &overrides)?;
     for id in &args.steps {
-        if chain.step(id).is_none() {
-            return Err(cargo_promptgen::Error::UnknownStep {
-                id: id.clone(),
-                package: chain.package_name.clone(),
-                known: chain.steps.iter().map(|s| s.id.clone()).collect(),
-            }
-            .into());
-        }
+        chain.require_step(id)?;
     }
     let forced: Vec<String> = if args.force { chain.steps.iter().map(|s| s.id.clone()).collect() } else { args.steps };
     let _guard = ProcessLock::acquire(&layout)?;
@@ -405,7 +397,7 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
         if lacks_files(&layout)? {
             match sync::pull(&Lock::read(&layout.lock_path())?, &layout.cache()?, remote, &chain.package_name) {
                 Ok(transfer) => eprintln!("Fetched {} files from {}.", transfer.moved, remote.describe()),
-                Err(Error::Remote(e)) if matches!(*e, RemoteError::Incomplete { .. }) => {
+                Err(SyncError::Remote(e)) if matches!(*e, RemoteError::Incomplete { .. }) => {
                     eprintln!("warning: {e}\nTheir steps run again.");
                 }
                 Err(e) => {
@@ -421,10 +413,15 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let mut live = Live::new(output.verbosity());
     let cancel = interrupt::on_ctrl_c()?;
-    let result =
-        generate::bring_up_to_date(&chain, &layout, &forced, Destination::Committed, chain.jobs, &cancel, &mut |p| {
-            live.show(p)
-        });
+    let result = Schedule {
+        chain: &chain,
+        layout: &layout,
+        forced: &forced,
+        destination: Destination::Committed,
+        jobs: chain.jobs,
+        cancel: &cancel,
+    }
+    .bring_up_to_date(&mut |p| live.show(p));
     live.finish();
     let result = result?;
     if !result.failed.is_empty() {
@@ -432,7 +429,7 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
         print_status(&chain, &layout)?;
         return Ok(outcome::failed_run(&chain, result, started.elapsed()));
     }
-    generate::discard_pending(&layout)?;
+    discard_pending(&layout)?;
     if !quiet {
         eprintln!();
         print_status(&chain, &layout)?;
@@ -468,7 +465,7 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
 
 /// The remote of a package in cache mode with a `cache_url`.
 fn cache_remote(chain: &Chain, layout: &Layout) -> anyhow::Result<Option<Remote>> {
-    match (&chain.cache_url, layout.store_mode) {
+    match (&chain.store.cache_url, layout.store.mode) {
         (Some(url), StoreMode::Cache) => Ok(Some(Remote::open(url, &|name| std::env::var(name).ok())?)),
         _ => Ok(None),
     }
@@ -505,7 +502,7 @@ fn print_transfer(verb: &str, direction: &str, transfer: &Transfer, remote: &Rem
 /// The remote of a package that must be in cache mode with a `cache_url`, for `push` and `pull`.
 fn remote_for(chain: &Chain, layout: &Layout, verb: &str) -> anyhow::Result<Remote> {
     let package = &chain.package_name;
-    if layout.store_mode != StoreMode::Cache {
+    if layout.store.mode != StoreMode::Cache {
         bail!(
             "{package} keeps its files in the repository (store = \"repo\"), so there is nothing to {verb}; `cargo \
              promptgen store --to cache -p {package}` moves them to the cache"
@@ -555,7 +552,7 @@ fn store(selection: &Selection, to: StoreArg) -> anyhow::Result<ExitCode> {
         StoreArg::Repo => StoreMode::Repo,
     };
     // Only a move out of the cache may need the remote (for files this machine lacks).
-    let remote = match (&chain.cache_url, to) {
+    let remote = match (&chain.store.cache_url, to) {
         (Some(url), StoreMode::Repo) => Some(Remote::open(url, &|name| std::env::var(name).ok())?),
         _ => None,
     };
@@ -581,7 +578,7 @@ fn store(selection: &Selection, to: StoreArg) -> anyhow::Result<ExitCode> {
     match to {
         StoreMode::Cache => {
             println!("Commit Cargo.toml and the removal of promptgen/.");
-            if chain.cache_url.is_some() {
+            if chain.store.cache_url.is_some() {
                 println!("Run `cargo promptgen push -p {}` to share the files.", chain.package_name);
             }
         }
@@ -595,7 +592,7 @@ fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
     let _guard = ProcessLock::acquire(&layout)?;
     let report = report::check(&chain, &layout)?;
     for path in &report.unowned {
-        if layout.store_mode == StoreMode::Cache {
+        if layout.store.mode == StoreMode::Cache {
             println!(
                 "warning: promptgen/{path} is not used: {} keeps its files in the cache (store = \"cache\"); delete it if it is a leftover",
                 chain.package_name
@@ -707,13 +704,13 @@ fn print_status(chain: &Chain, layout: &Layout) -> anyhow::Result<()> {
 fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
     let _guard = ProcessLock::acquire(&layout)?;
-    let report = generate::accept(&chain, &layout)?;
+    let report = report::accept(&chain, &layout)?;
     if report.accepted.is_empty() && report.outdated.is_empty() {
         println!("Nothing to accept: no build left results for {}.", chain.package_name);
     }
     if !report.accepted.is_empty() {
         println!("Recorded steps {} in promptgen.lock.", report.accepted.join(", "));
-        if layout.store_mode == StoreMode::Cache && chain.cache_url.is_some() {
+        if layout.store.mode == StoreMode::Cache && chain.store.cache_url.is_some() {
             println!("Run `cargo promptgen push -p {}` to share their files.", chain.package_name);
         }
     }
@@ -745,15 +742,9 @@ fn colored<W: anstream::stream::RawStream>(out: W, color: ColorArg) -> anstream:
 fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(&args.selection, &Overrides::default())?;
     if let Some(id) = &args.step
-        && chain.step(id).is_none()
         && args.eval.is_none()
     {
-        return Err(cargo_promptgen::Error::UnknownStep {
-            id: id.clone(),
-            package: chain.package_name.clone(),
-            known: chain.steps.iter().map(|s| s.id.clone()).collect(),
-        }
-        .into());
+        chain.require_step(id)?;
     }
     let steps = {
         let _guard = ProcessLock::acquire(&layout)?;
@@ -763,7 +754,7 @@ fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
         }
     };
     if let Some(path) = &args.html {
-        codegen_core::__private::fs::write_atomic(path, html::page(&chain, &steps).as_bytes())?;
+        codegen_core::fs::write_atomic(path, html::page(&chain, &steps).as_bytes())?;
         if output.verbosity() != Verbosity::Quiet {
             eprintln!("Wrote {} ({} steps).", path.display(), steps.len());
         }
@@ -782,6 +773,9 @@ fn show_log(args: &LogArgs, output: Output) -> anyhow::Result<ExitCode> {
 fn diff(selection: &Selection, step: Option<&str>) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
     let _guard = ProcessLock::acquire(&layout)?;
+    if let Some(id) = step {
+        chain.require_step(id)?;
+    }
     let text = report::diff(&chain, &layout, step)?;
     if text.is_empty() {
         eprintln!("No pending results differ from the recorded ones.");

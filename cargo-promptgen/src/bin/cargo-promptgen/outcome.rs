@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cargo_promptgen::__private::config::Chain;
-use cargo_promptgen::__private::error::report;
-use cargo_promptgen::__private::generate::ChainResult;
+use cargo_promptgen::__private::Chain;
+use cargo_promptgen::__private::ChainResult;
+use cargo_promptgen::__private::report;
 
 /// Prints the summary of a run in which steps failed; the exit code is 1.
 pub fn failed_run(chain: &Chain, result: ChainResult, elapsed: Duration) -> ExitCode {

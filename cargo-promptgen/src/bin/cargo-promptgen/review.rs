@@ -6,9 +6,9 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
 use anstyle::{AnsiColor, Style};
-use cargo_promptgen::__private::config::Chain;
-use cargo_promptgen::__private::layout::Layout;
-use cargo_promptgen::__private::report;
+use cargo_promptgen::__private::Chain;
+use cargo_promptgen::__private::Layout;
+use cargo_promptgen::__private::review as report;
 use cargo_promptgen::__private::review::{self, Decided};
 
 const TITLE: Style = Style::new().bold();
