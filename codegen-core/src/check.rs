@@ -2,9 +2,12 @@
 //! test command. When a check fails, the loop sends its diagnostics back to the model and
 //! lets it fix the files, the way a programmer fixes their own build.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 /// A check of the files under a step's output root.
 pub trait Check {
@@ -24,8 +27,76 @@ pub enum CheckOutcome {
     /// crate's tests cannot run until a later step writes a module they need. Says what was
     /// put off and why; the step may finish.
     PutOff(String),
-    /// The tree fails; the diagnostics, trimmed to what a model needs, say why.
-    Failed(String),
+    /// The tree fails; the diagnostics say why.
+    Failed(Diagnostics),
+}
+
+/// What a failed check found: the text the model is told (trimmed to what it needs), and the
+/// same findings as data, which the transcript keeps so that nothing downstream (eval's
+/// failure classes) has to read them back out of the text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diagnostics {
+    /// What the model is told.
+    pub text: String,
+    /// The errors and failing tests the text shows.
+    pub findings: Findings,
+}
+
+impl Diagnostics {
+    /// Diagnostics that are free text only, such as a command's output: nothing in them is
+    /// known as data.
+    pub fn text(text: impl Into<String>) -> Diagnostics {
+        Diagnostics { text: text.into(), findings: Findings::default() }
+    }
+}
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// The findings of a failed check, as data: each compiler error with its code and place, and
+/// each failing test by name. Empty for a check whose output is free text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Findings {
+    /// The compiler's errors, in the order shown, each once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<Finding>,
+    /// The tests that failed, by name, in the order shown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_tests: Vec<String>,
+}
+
+impl Findings {
+    /// Whether nothing was found as data.
+    pub fn is_empty(&self) -> bool {
+        self.errors.is_empty() && self.failed_tests.is_empty()
+    }
+}
+
+/// One compiler error.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Its code (`E0308`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Its message, as the model saw it; empty when it was withheld.
+    pub message: String,
+    /// The file its primary span is in, by the path the model knows; `None` when it has no
+    /// span, or points where the model may not look.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The line there (1-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// The column there (1-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
+    /// Whether the model was told only that it exists (it points into a file the model may
+    /// not read, and even its message could quote that file).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub withheld: bool,
 }
 
 /// The check itself could not run (its program is missing, say): the user's problem, not
@@ -133,7 +204,8 @@ impl Check for CommandCheck {
         // The model knows the tree's files by their paths in it: `x.rs`, never `/tmp/.../x.rs`.
         let root = output_root.display().to_string();
         let text = text.replace(&format!("{root}/"), "").replace(&root, ".");
-        Ok(CheckOutcome::Failed(trim_diagnostics(&format!("{} exited with {}\n{text}", self.name(), output.status))))
+        let text = trim_diagnostics(&format!("{} exited with {}\n{text}", self.name(), output.status));
+        Ok(CheckOutcome::Failed(Diagnostics::text(text)))
     }
 }
 
@@ -221,7 +293,8 @@ mod tests {
         let script = vec!["sh".into(), "-c".into(), "echo \"bad in $PROMPTGEN_TREE/x.rs\" >&2; exit 3".into()];
         let mut fail = CommandCheck::new(&script, dir.path()).unwrap();
         match fail.run(dir.path()).unwrap() {
-            CheckOutcome::Failed(text) => {
+            CheckOutcome::Failed(Diagnostics { text, findings }) => {
+                assert!(findings.is_empty(), "a command's output is free text: {findings:?}");
                 // The path the model knows (the sandbox refuses `/x.rs` as absolute).
                 assert!(text.contains("exit status: 3") && text.contains("bad in x.rs"), "{text}");
                 assert!(!text.contains("bad in /x.rs") && !text.contains(&dir.path().display().to_string()), "{text}");

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::backend::{Backend, BackendError, ChatRequest, Delivery, Progress};
 use crate::cancel::Cancel;
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
-use crate::check::{Check, CheckError, CheckOutcome};
+use crate::check::{Check, CheckError, CheckOutcome, Diagnostics};
 use crate::protocol::ToolProtocol;
 use crate::protocol::blocks::{self, BlockCommand};
 use crate::protocol::text::{self, TextCalls};
@@ -295,7 +295,7 @@ pub enum Error {
         /// Repair rounds allowed.
         rounds: u32,
         /// The check's last diagnostics.
-        diagnostics: String,
+        diagnostics: Box<Diagnostics>,
     },
     /// The check could not run at all.
     #[error(transparent)]
@@ -659,13 +659,13 @@ impl<'a> Run<'a> {
 
     /// Runs the check, if there is one: `None` when it passes (or there is none), the
     /// diagnostics when it fails.
-    fn run_check(&mut self, asked_by_model: bool) -> Result<Option<String>, Error> {
+    fn run_check(&mut self, asked_by_model: bool) -> Result<Option<Diagnostics>, Error> {
         let Some(check) = self.check.as_mut() else { return Ok(None) };
         let outcome = check.run(self.sandbox.output_root())?;
         let (diagnostics, put_off) = match outcome {
             CheckOutcome::Passed => (None, None),
             CheckOutcome::PutOff(why) => (None, Some(why)),
-            CheckOutcome::Failed(text) => (Some(text), None),
+            CheckOutcome::Failed(diagnostics) => (Some(diagnostics), None),
         };
         if let Some(why) = &put_off
             && !asked_by_model
@@ -675,7 +675,8 @@ impl<'a> Run<'a> {
         self.record(Event::Check {
             model_call: self.model_calls,
             asked_by_model,
-            diagnostics: diagnostics.clone(),
+            diagnostics: diagnostics.as_ref().map(|d| d.text.clone()),
+            findings: diagnostics.as_ref().map(|d| d.findings.clone()).unwrap_or_default(),
             put_off,
         });
         Ok(diagnostics)
@@ -683,11 +684,15 @@ impl<'a> Run<'a> {
 
     /// Counts a failed check against the step's repair rounds: the step fails once they are
     /// spent, else the model gets `opening`, the round's number and the diagnostics.
-    fn check_round(&mut self, opening: &str, diagnostics: String) -> Result<String, Error> {
+    fn check_round(&mut self, opening: &str, diagnostics: Diagnostics) -> Result<String, Error> {
         self.check_failures += 1;
         let name = self.check.as_ref().map(|c| c.name()).unwrap_or_default();
         if self.check_failures > self.step.check_rounds {
-            return Err(Error::CheckFailed { check: name, rounds: self.step.check_rounds, diagnostics });
+            return Err(Error::CheckFailed {
+                check: name,
+                rounds: self.step.check_rounds,
+                diagnostics: Box::new(diagnostics),
+            });
         }
         Ok(format!(
             "{opening}: the files do not pass `{name}` (repair round {} of {}). Fix them with write_file, then call \

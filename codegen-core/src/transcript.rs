@@ -14,17 +14,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendKind, Delivery, RetryRecord, Usage};
 use crate::chat::{Arguments, Message};
+use crate::check::Findings;
 use crate::protocol::ToolProtocol;
 
 /// The record of one step.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Transcript {
     /// Everything that happened, in order.
     pub events: Vec<Event>,
 }
 
-/// One thing that happened during a step.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One thing that happened during a step. Written and read back by the same type: a
+/// transcript without its volatile fields ([`Volatility::Omit`]) reads as one whose events
+/// have none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Event {
@@ -43,7 +46,7 @@ pub enum Event {
         /// The budget of model calls.
         max_model_calls: u32,
         /// Where the backend is (URL or script path).
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         volatile: Option<StartVolatile>,
     },
     /// A message was added to the history (index = its position in it).
@@ -64,7 +67,7 @@ pub enum Event {
         /// Why the model stopped, as the server says it.
         finish_reason: Option<String>,
         /// Timing and retries.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         volatile: Option<CallVolatile>,
     },
     /// A tool call was carried out (or refused).
@@ -93,9 +96,13 @@ pub enum Event {
         model_call: u32,
         /// Whether the model asked for it with the `check` tool (else `finish` triggered it).
         asked_by_model: bool,
-        /// Its diagnostics when it failed; absent when it passed.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        /// Its diagnostics when it failed, as the model was told them; absent when it passed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         diagnostics: Option<String>,
+        /// What those diagnostics show as data (error codes and places, failing tests), for
+        /// checks that know it; absent for free text and when it passed.
+        #[serde(default, skip_serializing_if = "Findings::is_empty")]
+        findings: Findings,
         /// When it passed only in part: what was put off, and why.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         put_off: Option<String>,
@@ -114,10 +121,10 @@ pub enum Event {
         /// How it ended.
         outcome: EndOutcome,
         /// The model's summary, when it called `finish`.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         summary: Option<String>,
         /// Wall time of the whole step.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         volatile: Option<EndVolatile>,
     },
 }
@@ -150,8 +157,25 @@ pub enum EndOutcome {
     Interrupted,
 }
 
+impl EndOutcome {
+    /// The outcome as transcripts spell it: `finished`, `no_tool_call`, `failed`, `interrupted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndOutcome::Finished => "finished",
+            EndOutcome::NoToolCall => "no_tool_call",
+            EndOutcome::Failed => "failed",
+            EndOutcome::Interrupted => "interrupted",
+        }
+    }
+
+    /// Whether the step ended done (by `finish`, or a reply without a call).
+    pub fn is_done(self) -> bool {
+        matches!(self, EndOutcome::Finished | EndOutcome::NoToolCall)
+    }
+}
+
 /// The run-dependent part of [`Event::Start`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct StartVolatile {
     /// Where the backend is.
@@ -159,26 +183,65 @@ pub struct StartVolatile {
 }
 
 /// The run-dependent part of [`Event::ModelCall`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct CallVolatile {
     /// Time from sending the request to having the whole reply, retries included.
     #[serde(with = "crate::backend::http::duration_ms", rename = "duration_ms")]
     pub duration: Duration,
     /// Retries that were needed.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retries: Vec<RetryRecord>,
     /// Whether the reply streamed, and why not when a streamed request failed.
     pub delivery: Delivery,
 }
 
 /// The run-dependent part of [`Event::End`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct EndVolatile {
     /// Wall time of the step.
     #[serde(with = "crate::backend::http::duration_ms", rename = "wall_ms")]
     pub wall_time: Duration,
+}
+
+impl Event {
+    /// The event's kind, as its `event` field names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Start { .. } => "start",
+            Event::Message { .. } => "message",
+            Event::ModelCall { .. } => "model_call",
+            Event::ToolRun { .. } => "tool_run",
+            Event::Repair { .. } => "repair",
+            Event::Check { .. } => "check",
+            Event::Fallback { .. } => "fallback",
+            Event::End { .. } => "end",
+        }
+    }
+}
+
+/// Every kind of [`Event`], as the `event` field names it.
+pub const EVENT_KINDS: [&str; 8] = ["start", "message", "model_call", "tool_run", "repair", "check", "fallback", "end"];
+
+/// One line of a transcript, read back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    /// An event.
+    Event(Event),
+    /// An event of a kind this version does not know (a newer version wrote it): its kind.
+    /// Readers show that it is there rather than leave it out unsaid.
+    Unknown(String),
+}
+
+/// A transcript line that is not an event of this version's format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {detail}")]
+pub struct ReadError {
+    /// The line, 1-based.
+    pub line: usize,
+    /// What is wrong with it.
+    pub detail: String,
 }
 
 /// Whether [`Transcript::write_jsonl`] keeps the run-dependent fields.
@@ -267,10 +330,165 @@ impl Transcript {
         Ok(())
     }
 
+    /// Reads the JSON Lines [`Transcript::write_jsonl`] writes, with or without the volatile
+    /// fields; blank lines are skipped. An event of a kind this version does not know is a
+    /// [`Line::Unknown`]; one of a known kind that does not read (a field missing, renamed or of
+    /// another type) is an error, never a line left out.
+    pub fn read_jsonl(text: &str) -> Result<Vec<Line>, ReadError> {
+        let mut lines = Vec::new();
+        for (index, line) in text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()) {
+            let failed = |detail: String| ReadError { line: index + 1, detail };
+            match serde_json::from_str::<Event>(line) {
+                Ok(event) => lines.push(Line::Event(event)),
+                Err(error) => {
+                    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| failed(e.to_string()))?;
+                    match value.get("event").and_then(|kind| kind.as_str()) {
+                        Some(kind) if !EVENT_KINDS.contains(&kind) => lines.push(Line::Unknown(kind.to_string())),
+                        Some(kind) => return Err(failed(format!("not a `{kind}` event of this version: {error}"))),
+                        None => return Err(failed("not an event: it has no `event` field".into())),
+                    }
+                }
+            }
+        }
+        Ok(lines)
+    }
+
     /// The JSON Lines text of [`Transcript::write_jsonl`].
     pub fn to_jsonl(&self, volatility: Volatility) -> String {
         let mut out = Vec::new();
         self.write_jsonl(&mut out, volatility).expect("writing to a Vec cannot fail");
         String::from_utf8(out).expect("serde_json writes UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::ToolCall;
+    use crate::check::Finding;
+
+    /// One event of every kind, every optional field set.
+    fn every_event() -> Vec<Event> {
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "write_file".into(),
+            arguments: Arguments::from_value(json!({"path": "a.rs", "content": "fn a() {}\n"})),
+        };
+        vec![
+            Event::Start {
+                model: "m".into(),
+                backend: BackendKind::OpenAi,
+                protocol: ToolProtocol::Json,
+                seed: Some(7),
+                temperature: Some(0.5),
+                max_model_calls: 8,
+                volatile: Some(StartVolatile { location: "http://127.0.0.1:1/v1".into() }),
+            },
+            Event::Message { index: 0, message: Message::assistant("text", vec![call]) },
+            Event::ModelCall {
+                number: 1,
+                messages_sent: 2,
+                usage: Usage { prompt_tokens: Some(10), completion_tokens: Some(3) },
+                finish_reason: Some("stop".into()),
+                volatile: Some(CallVolatile {
+                    duration: Duration::from_millis(1234),
+                    retries: vec![RetryRecord {
+                        attempt: 1,
+                        reason: "HTTP 503".into(),
+                        waited: Duration::from_millis(500),
+                    }],
+                    delivery: Delivery::Fallback("the stream ended early".into()),
+                }),
+            },
+            Event::ToolRun {
+                model_call: 1,
+                via: CallSource::Text,
+                tool: "read_file".into(),
+                arguments: Arguments::Malformed { raw: "{".into(), error: "EOF".into() },
+                ok: false,
+            },
+            Event::Repair { model_call: 1, problem: "bad JSON".into() },
+            Event::Check {
+                model_call: 2,
+                asked_by_model: true,
+                diagnostics: Some("error[E0308]: mismatched types".into()),
+                findings: Findings {
+                    errors: vec![Finding {
+                        code: Some("E0308".into()),
+                        message: "mismatched types".into(),
+                        file: Some("a.rs".into()),
+                        line: Some(1),
+                        column: Some(9),
+                        withheld: true,
+                    }],
+                    failed_tests: vec!["tests::a".into()],
+                },
+                put_off: Some("step 02 writes b.rs".into()),
+            },
+            Event::Fallback { from: ToolProtocol::Native, to: ToolProtocol::Json, reason: "no tools".into() },
+            Event::End {
+                outcome: EndOutcome::Finished,
+                summary: Some("done".into()),
+                volatile: Some(EndVolatile { wall_time: Duration::from_millis(2000) }),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_event_kind_reads_back_as_it_was_written() {
+        let events = every_event();
+        let kinds: Vec<&str> = events.iter().map(Event::kind).collect();
+        assert_eq!(kinds, EVENT_KINDS, "one event of every kind, in EVENT_KINDS' order");
+        let transcript = Transcript { events };
+        let text = transcript.to_jsonl(Volatility::Keep);
+        for (line, event) in text.lines().zip(&transcript.events) {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(value["event"], event.kind(), "{line}");
+        }
+        let back: Vec<Line> = Transcript::read_jsonl(&text).unwrap();
+        assert_eq!(back, transcript.events.iter().cloned().map(Line::Event).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_transcript_without_its_volatile_fields_reads_as_events_without_them() {
+        let transcript = Transcript { events: every_event() };
+        let back = Transcript::read_jsonl(&transcript.to_jsonl(Volatility::Omit)).unwrap();
+        let volatile_free: Vec<Line> = transcript
+            .events
+            .into_iter()
+            .map(|event| {
+                Line::Event(match event {
+                    Event::Start { model, backend, protocol, seed, temperature, max_model_calls, .. } => {
+                        Event::Start { model, backend, protocol, seed, temperature, max_model_calls, volatile: None }
+                    }
+                    Event::ModelCall { number, messages_sent, usage, finish_reason, .. } => {
+                        Event::ModelCall { number, messages_sent, usage, finish_reason, volatile: None }
+                    }
+                    Event::End { outcome, summary, .. } => Event::End { outcome, summary, volatile: None },
+                    other => other,
+                })
+            })
+            .collect();
+        assert_eq!(back, volatile_free);
+    }
+
+    #[test]
+    fn unknown_kinds_are_kept_and_a_known_event_that_does_not_read_is_an_error() {
+        let text =
+            "{\"event\":\"something_new\",\"x\":1}\n\n{\"event\":\"repair\",\"model_call\":1,\"problem\":\"p\"}\n";
+        let lines = Transcript::read_jsonl(text).unwrap();
+        assert_eq!(lines[0], Line::Unknown("something_new".into()));
+        assert_eq!(lines[1], Line::Event(Event::Repair { model_call: 1, problem: "p".into() }));
+        // A renamed field is not dropped silently.
+        let renamed = "{\"event\":\"repair\",\"model_call\":1,\"issue\":\"p\"}\n";
+        let error = Transcript::read_jsonl(renamed).unwrap_err();
+        assert_eq!(error.line, 1);
+        assert!(error.detail.contains("`repair`") && error.detail.contains("problem"), "{error}");
+        assert_eq!(Transcript::read_jsonl("{\"x\":1}\n").unwrap_err().detail, "not an event: it has no `event` field");
+        assert!(Transcript::read_jsonl("not json\n").is_err());
     }
 }

@@ -77,7 +77,9 @@ fn code_that_never_passes_fails_the_step_with_the_last_diagnostics() {
         .run_checked(backend(&server).as_mut(), &mut sandbox, &mut check, &mut |_| {})
         .unwrap_err();
     match &failure.error {
-        Error::CheckFailed { rounds: 2, diagnostics, .. } => assert!(diagnostics.contains("E0308"), "{diagnostics}"),
+        Error::CheckFailed { rounds: 2, diagnostics, .. } => {
+            assert!(diagnostics.text.contains("E0308"), "{diagnostics}")
+        }
         other => panic!("{other:?}"),
     }
     assert!(failure.to_string().contains("after 2 repair rounds"), "{failure}");

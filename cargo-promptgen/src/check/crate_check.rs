@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use codegen_core::Cancel;
-use codegen_core::check::{Check, CheckError, CheckOutcome, trim_diagnostics};
+use codegen_core::check::{Check, CheckError, CheckOutcome, Diagnostics, Findings, trim_diagnostics};
 
 use crate::check::confine;
 use crate::check::diagnostics::{self, Diagnostic, PathMap, Place};
@@ -139,11 +139,11 @@ impl Check for CrateCheck {
             return Err(error("it was stopped: the run was interrupted".into()));
         }
         if ran.timed_out {
-            return Ok(CheckOutcome::Failed(format!(
+            return Ok(CheckOutcome::Failed(Diagnostics::text(format!(
                 "`{}` did not finish within {} s and was stopped: a test that waits or loops forever must end.",
                 self.name(),
                 CHECK_TIMEOUT.as_secs()
-            )));
+            ))));
         }
         if ran.success {
             return Ok(CheckOutcome::Passed);
@@ -151,12 +151,7 @@ impl Check for CrateCheck {
         let (put_off, blamed): (Vec<&Diagnostic>, Vec<&Diagnostic>) =
             output.errors.iter().partition(|d| self.later.owner(d, &map).is_some());
         if !blamed.is_empty() {
-            // With several targets (the library, its tests, a binary) one error comes once per
-            // target that compiles the file: show it once.
-            let mut text: Vec<String> = blamed.iter().map(|d| diagnostics::render(d, &map)).collect();
-            let mut seen = std::collections::HashSet::new();
-            text.retain(|t| seen.insert(t.clone()));
-            return Ok(CheckOutcome::Failed(trim_diagnostics(&self.redactor.withhold(&text.join("\n")))));
+            return Ok(CheckOutcome::Failed(diagnostics::compiler_errors(blamed, &map, &self.redactor)));
         }
         if !put_off.is_empty() {
             let mut owners: Vec<&str> = put_off.iter().filter_map(|d| self.later.owner(d, &map)).collect();
@@ -180,7 +175,9 @@ impl Check for CrateCheck {
                 let output = self.redactor.filter_command_output(&map.relativize(&test.output), &self.tree_dir);
                 text.push_str(&format!("\ntest `{}`:\n{output}\n", test.name));
             }
-            return Ok(CheckOutcome::Failed(trim_diagnostics(&text)));
+            let failed_tests = failed.into_iter().map(|test| test.name).collect();
+            let findings = Findings { errors: Vec::new(), failed_tests };
+            return Ok(CheckOutcome::Failed(Diagnostics { text: trim_diagnostics(&text), findings }));
         }
         // Failed without an error or a test to show: Cargo's own words (a manifest error, a
         // build script that failed, a dependency that cannot be fetched) are the user's

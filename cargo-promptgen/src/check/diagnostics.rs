@@ -9,9 +9,13 @@
 //! points into any other file (`.env`, a file outside the package) is withheld whole, with
 //! the reason, since even its message may quote that file.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use codegen_core::check::{Diagnostics, Finding, Findings, trim_diagnostics};
 use serde::Deserialize;
+
+use crate::check::redact::Redactor;
 
 /// One line Cargo prints with `--message-format=json`, as far as the checks read it.
 #[derive(Debug, Deserialize)]
@@ -258,6 +262,51 @@ pub(crate) fn render(diagnostic: &Diagnostic, map: &PathMap) -> String {
         out.push_str(&format!("  = {}: {}{suggestion}{at}\n", child.level, child.message));
     }
     out
+}
+
+/// The compiler's errors a check blames on its step: rendered for the model, each once (with
+/// several targets, one error comes once per target that compiles its file), with known
+/// secrets withheld and the text trimmed; and the same errors as findings.
+pub(crate) fn compiler_errors<'a>(
+    errors: impl IntoIterator<Item = &'a Diagnostic>,
+    map: &PathMap,
+    redactor: &Redactor,
+) -> Diagnostics {
+    let mut seen = HashSet::new();
+    let (mut text, mut found) = (Vec::new(), Vec::new());
+    for diagnostic in errors {
+        let rendered = render(diagnostic, map);
+        if seen.insert(rendered.clone()) {
+            text.push(rendered);
+            found.push(finding(diagnostic, map, redactor));
+        }
+    }
+    Diagnostics {
+        text: trim_diagnostics(&redactor.withhold(&text.join("\n"))),
+        findings: Findings { errors: found, failed_tests: Vec::new() },
+    }
+}
+
+/// `diagnostic` as a finding: its code, its message (none when it is withheld), and where its
+/// primary span is, by the path the model knows (none for a file outside the crate).
+fn finding(diagnostic: &Diagnostic, map: &PathMap, redactor: &Redactor) -> Finding {
+    let primary = diagnostic.spans.iter().find(|s| s.is_primary);
+    let place = primary.map(|span| (map.place(&span.file_name), span));
+    let withheld = matches!(place, Some((Place::Hidden { .. }, _)));
+    let (file, line, column) = match place {
+        Some((Place::Generated(path) | Place::Crate(path), span)) => {
+            (Some(path), u32::try_from(span.line_start).ok(), u32::try_from(span.column_start).ok())
+        }
+        _ => (None, None, None),
+    };
+    Finding {
+        code: diagnostic.code.as_ref().map(|c| c.code.clone()),
+        message: if withheld { String::new() } else { redactor.withhold(&diagnostic.message) },
+        file,
+        line,
+        column,
+        withheld,
+    }
 }
 
 fn render_span(span: &Span, map: &PathMap, out: &mut String) {

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use codegen_core::check::{Check, CheckError, CheckOutcome, remove_secrets, trim_diagnostics};
+use codegen_core::check::{Check, CheckError, CheckOutcome, remove_secrets};
 
 use crate::check::confine;
 use crate::check::diagnostics::{self, Diagnostic, PathMap};
@@ -72,22 +72,17 @@ impl Check for RustcCheck {
             relative_to: self.scratch.clone(),
             readable: Vec::new(),
         };
-        let mut text: Vec<String> = Vec::new();
-        for line in String::from_utf8_lossy(&output.stderr).lines() {
-            let Ok(diagnostic) = serde_json::from_str::<Diagnostic>(line) else { continue };
-            if diagnostic.level.starts_with("error") && !diagnostic.spans.is_empty() {
-                let rendered = diagnostics::render(&diagnostic, &map);
-                if !text.contains(&rendered) {
-                    text.push(rendered);
-                }
-            }
-        }
-        if text.is_empty() {
+        let errors: Vec<Diagnostic> = String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Diagnostic>(line).ok())
+            .filter(|diagnostic| diagnostic.level.starts_with("error") && !diagnostic.spans.is_empty())
+            .collect();
+        if errors.is_empty() {
             return Err(error(format!(
                 "rustc failed without a diagnostic the model could use:\n{}",
                 self.redactor.filter_command_output(&tail(&String::from_utf8_lossy(&output.stderr), 20), output_root)
             )));
         }
-        Ok(CheckOutcome::Failed(trim_diagnostics(&self.redactor.withhold(&text.join("\n")))))
+        Ok(CheckOutcome::Failed(diagnostics::compiler_errors(&errors, &map, &self.redactor)))
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use codegen_core::Cancel;
-use codegen_core::check::{Check, CheckError, CheckOutcome, CommandCheck};
+use codegen_core::check::{Check, CheckError, CheckOutcome, CommandCheck, Diagnostics};
 
 use crate::check::confine;
 use crate::check::crate_check::{CrateCheck, Later};
@@ -122,7 +122,10 @@ impl Check for FilteredCommand {
 
     fn run(&mut self, output_root: &Path) -> Result<CheckOutcome, CheckError> {
         Ok(match self.inner.run(output_root)? {
-            CheckOutcome::Failed(text) => CheckOutcome::Failed(self.redactor.filter_command_output(&text, output_root)),
+            CheckOutcome::Failed(diagnostics) => CheckOutcome::Failed(Diagnostics {
+                text: self.redactor.filter_command_output(&diagnostics.text, output_root),
+                ..diagnostics
+            }),
             other => other,
         })
     }

@@ -418,10 +418,11 @@ fn rejudge(
                 None => score::rechecked(None, false, with_tests),
                 Some(Ok(CheckOutcome::Passed)) => score::rechecked(None, false, with_tests),
                 Some(Ok(CheckOutcome::PutOff(_))) => score::rechecked(None, true, with_tests),
-                Some(Ok(CheckOutcome::Failed(diagnostics))) => score::rechecked(Some(&diagnostics), false, with_tests),
-                Some(Ok(_)) => {
-                    score::rechecked(Some("the check ended in a way this version does not know"), false, with_tests)
+                Some(Ok(CheckOutcome::Failed(diagnostics))) => {
+                    score::rechecked(Some(&diagnostics.findings), false, with_tests)
                 }
+                // An outcome of a newer codegen-core: counted as a failed check.
+                Some(Ok(_)) => score::rechecked(Some(&Default::default()), false, with_tests),
                 Some(Err(_)) if pace.cancel.is_cancelled() => break,
                 Some(Err(error)) => score::Scored {
                     check: Verdict::NotRun,

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use codegen_core::backend::BackendError;
+use codegen_core::check::Findings;
 use codegen_core::transcript::{Event, Transcript};
 use serde::{Deserialize, Serialize};
 
@@ -21,43 +22,29 @@ pub struct Scored {
     pub classes: Vec<String>,
 }
 
-/// The first line of the diagnostics a crate check gives when only tests failed.
-fn failed_tests_in(diagnostics: &str) -> Option<Vec<String>> {
-    let first = diagnostics.lines().next()?;
-    let count = first.strip_suffix(" tests failed:").or_else(|| first.strip_suffix(" test failed:"))?;
-    count.parse::<usize>().ok()?;
-    Some(
-        diagnostics
-            .lines()
-            .filter_map(|line| line.strip_prefix("test `")?.strip_suffix("`:"))
-            .map(str::to_string)
-            .collect(),
-    )
-}
-
-/// The failure classes that a check's diagnostics show: each compiler error code, each
-/// failing test by name, else `check failed`.
-pub fn diagnostic_classes(diagnostics: &str) -> Vec<String> {
-    if let Some(tests) = failed_tests_in(diagnostics) {
-        let classes: Vec<String> = tests.into_iter().map(|name| format!("failing test `{name}`")).collect();
-        return if classes.is_empty() { vec!["failing tests".into()] } else { classes };
+/// The failure classes that a failed check's findings show: each failing test by name, else
+/// each compiler error code (`compiler error (no code)` for an error without one that the
+/// model was shown), else `check failed` (a check whose output is free text).
+pub fn diagnostic_classes(findings: &Findings) -> Vec<String> {
+    if !findings.failed_tests.is_empty() {
+        return findings.failed_tests.iter().map(|name| format!("failing test `{name}`")).collect();
     }
-    let mut codes = BTreeSet::new();
-    for line in diagnostics.lines() {
-        if let Some(rest) = line.strip_prefix("error[")
-            && let Some((code, _)) = rest.split_once(']')
-        {
-            codes.insert(format!("compiler error {code}"));
-        } else if line.starts_with("error: ") && !line.contains("withheld") {
-            codes.insert("compiler error (no code)".into());
-        }
-    }
+    let codes: BTreeSet<String> = findings
+        .errors
+        .iter()
+        .filter_map(|error| match &error.code {
+            Some(code) => Some(format!("compiler error {code}")),
+            None if !error.withheld => Some("compiler error (no code)".into()),
+            None => None,
+        })
+        .collect();
     if codes.is_empty() { vec!["check failed".into()] } else { codes.into_iter().collect() }
 }
 
-/// The check and tests verdicts that diagnostics of a failed check imply.
-fn verdicts_of_failure(diagnostics: &str, with_tests: bool) -> (Verdict, Option<Verdict>) {
-    match (with_tests, failed_tests_in(diagnostics).is_some()) {
+/// The check and tests verdicts that the findings of a failed check imply: tests failed
+/// only where the crate compiled.
+fn verdicts_of_failure(findings: &Findings, with_tests: bool) -> (Verdict, Option<Verdict>) {
+    match (with_tests, !findings.failed_tests.is_empty()) {
         (true, true) => (Verdict::Passed, Some(Verdict::Failed)),
         (true, false) => (Verdict::Failed, Some(Verdict::NotRun)),
         (false, _) => (Verdict::Failed, None),
@@ -76,17 +63,18 @@ pub fn passed(transcript: &Transcript, with_tests: bool) -> Scored {
     Scored { check: Verdict::Passed, tests, classes }
 }
 
-/// What a check's own outcome says, when a trial is judged again on its files (`--replay`).
-pub fn rechecked(diagnostics: Option<&str>, put_off: bool, with_tests: bool) -> Scored {
-    match diagnostics {
+/// What a check's own outcome says, when a trial is judged again on its files (`--replay`):
+/// `failed` holds the findings of a check that failed.
+pub fn rechecked(failed: Option<&Findings>, put_off: bool, with_tests: bool) -> Scored {
+    match failed {
         None => {
             let tests = with_tests.then_some(if put_off { Verdict::NotRun } else { Verdict::Passed });
             let classes = if put_off && with_tests { vec!["tests put off".to_string()] } else { Vec::new() };
             Scored { check: Verdict::Passed, tests, classes }
         }
-        Some(diagnostics) => {
-            let (check, tests) = verdicts_of_failure(diagnostics, with_tests);
-            Scored { check, tests, classes: diagnostic_classes(diagnostics) }
+        Some(findings) => {
+            let (check, tests) = verdicts_of_failure(findings, with_tests);
+            Scored { check, tests, classes: diagnostic_classes(findings) }
         }
     }
 }
@@ -101,12 +89,13 @@ pub fn rechecked(diagnostics: Option<&str>, put_off: bool, with_tests: bool) -> 
 ///   a refused path), `no finish` when the model last replied without calling a tool, else
 ///   `budget spent`.
 pub fn classify(error: &codegen_core::Error, transcript: &Transcript, with_tests: bool) -> Scored {
+    // The last check's findings when it failed (`Some(None)` when it passed).
     let last_check = transcript.events.iter().rev().find_map(|e| match e {
-        Event::Check { diagnostics, .. } => Some(diagnostics.as_deref()),
+        Event::Check { diagnostics, findings, .. } => Some(diagnostics.as_ref().map(|_| findings)),
         _ => None,
     });
     let (check, tests) = match last_check {
-        Some(Some(diagnostics)) => verdicts_of_failure(diagnostics, with_tests),
+        Some(Some(findings)) => verdicts_of_failure(findings, with_tests),
         // A check passed, and then the run failed (a server error on the next call, say).
         Some(None) => (Verdict::Passed, with_tests.then_some(Verdict::Passed)),
         None => (Verdict::NotRun, with_tests.then_some(Verdict::NotRun)),
@@ -119,10 +108,10 @@ pub fn classify(error: &codegen_core::Error, transcript: &Transcript, with_tests
         codegen_core::Error::Backend(BackendError::Unreachable { .. }) => vec!["no server".to_string()],
         codegen_core::Error::Backend(BackendError::ContextOverflow { .. }) => vec!["context overflow".to_string()],
         codegen_core::Error::Backend(_) => vec!["server error".to_string()],
-        codegen_core::Error::CheckFailed { diagnostics, .. } => diagnostic_classes(diagnostics),
+        codegen_core::Error::CheckFailed { diagnostics, .. } => diagnostic_classes(&diagnostics.findings),
         codegen_core::Error::CheckCouldNotRun(_) => vec!["check could not run".to_string()],
         codegen_core::Error::BudgetExhausted { .. } => match last_check {
-            Some(Some(diagnostics)) => diagnostic_classes(diagnostics),
+            Some(Some(findings)) => diagnostic_classes(findings),
             _ => vec![budget_class(transcript).to_string()],
         },
         codegen_core::Error::Interrupted { .. } => vec!["interrupted".to_string()],
@@ -308,6 +297,8 @@ fn row(step: &str, model: &str, trials: &[&TrialRecord], k: usize, min_pass_rate
 
 #[cfg(test)]
 mod tests {
+    use codegen_core::check::Finding;
+
     use super::*;
 
     #[test]
@@ -343,13 +334,29 @@ mod tests {
 
     #[test]
     fn diagnostics_become_codes_and_test_names() {
-        let compile = "error[E0308]: mismatched types\n --> src/x.rs:1:1\nerror[E0425]: cannot find value `x`\nerror[E0308]: mismatched types\n";
-        assert_eq!(diagnostic_classes(compile), ["compiler error E0308", "compiler error E0425"]);
-        let tests = "2 tests failed:\n\ntest `tests::a`:\nassertion failed\n\ntest `tests::b`:\npanicked\n";
-        assert_eq!(diagnostic_classes(tests), ["failing test `tests::a`", "failing test `tests::b`"]);
-        assert_eq!(verdicts_of_failure(tests, true), (Verdict::Passed, Some(Verdict::Failed)));
-        assert_eq!(verdicts_of_failure(compile, true), (Verdict::Failed, Some(Verdict::NotRun)));
-        assert_eq!(diagnostic_classes("make: *** [lint] Error 1"), ["check failed"]);
+        let error = |code: Option<&str>, withheld: bool| Finding {
+            code: code.map(String::from),
+            message: if withheld { String::new() } else { "mismatched types".into() },
+            withheld,
+            ..Finding::default()
+        };
+        let compile = Findings {
+            errors: vec![error(Some("E0308"), false), error(Some("E0425"), false), error(Some("E0308"), false)],
+            failed_tests: Vec::new(),
+        };
+        assert_eq!(diagnostic_classes(&compile), ["compiler error E0308", "compiler error E0425"]);
+        let tests = Findings { errors: Vec::new(), failed_tests: vec!["tests::a".into(), "tests::b".into()] };
+        assert_eq!(diagnostic_classes(&tests), ["failing test `tests::a`", "failing test `tests::b`"]);
+        assert_eq!(verdicts_of_failure(&tests, true), (Verdict::Passed, Some(Verdict::Failed)));
+        assert_eq!(verdicts_of_failure(&compile, true), (Verdict::Failed, Some(Verdict::NotRun)));
+        // A command check's output is free text: nothing is known as data.
+        assert_eq!(diagnostic_classes(&Findings::default()), ["check failed"]);
+        let uncoded = Findings { errors: vec![error(None, false), error(None, true)], failed_tests: Vec::new() };
+        assert_eq!(
+            diagnostic_classes(&uncoded),
+            ["compiler error (no code)"],
+            "a withheld error without a code is no class"
+        );
     }
 
     #[test]

@@ -89,13 +89,13 @@ pub(super) fn fingerprint_with(
     let with_check = step.check != CheckSpec::None;
     let contract = memo
         .contracts
-        .entry((protocol_name(step.protocol), with_check))
+        .entry((step.protocol.as_str(), with_check))
         .or_insert_with(|| contract_hash(step.protocol, with_check))
         .clone();
     Ok(Fingerprint {
         backend: step.backend.kind.as_str().to_string(),
         model: step.model.clone(),
-        protocol: protocol_name(step.protocol).to_string(),
+        protocol: step.protocol.as_str().to_string(),
         seed: step.seed,
         temperature: step.temperature,
         prompt: memo.hash_file(&step.prompt)?,
@@ -125,16 +125,5 @@ pub(super) fn contract_hash(protocol: codegen_core::ToolProtocol, with_check: bo
 
 /// The protocol a fingerprint names.
 pub(super) fn protocol_named(name: &str) -> Option<codegen_core::ToolProtocol> {
-    [codegen_core::ToolProtocol::Native, codegen_core::ToolProtocol::Json, codegen_core::ToolProtocol::Blocks]
-        .into_iter()
-        .find(|p| protocol_name(*p) == name)
-}
-
-/// The name of a protocol as configuration spells it.
-pub fn protocol_name(protocol: codegen_core::ToolProtocol) -> &'static str {
-    match protocol {
-        codegen_core::ToolProtocol::Native => "native",
-        codegen_core::ToolProtocol::Json => "json",
-        codegen_core::ToolProtocol::Blocks => "blocks",
-    }
+    codegen_core::ToolProtocol::ALL.into_iter().find(|p| p.as_str() == name)
 }

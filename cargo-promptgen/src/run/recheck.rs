@@ -68,7 +68,7 @@ fn check_in_full(
     };
     let Some(mut check) = check_for(setup) else { return Ok(()) };
     let failure = match check.run(&root) {
-        Ok(CheckOutcome::Failed(diagnostics)) => diagnostics,
+        Ok(CheckOutcome::Failed(diagnostics)) => diagnostics.text,
         Ok(_) => return Ok(()),
         Err(error) => error.to_string(),
     };

@@ -16,7 +16,7 @@ use std::time::Duration;
 #[cfg(feature = "http")]
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cancel::Cancel;
 
@@ -114,7 +114,7 @@ impl RetryPolicy {
 }
 
 /// One retry that happened: why, and how long we waited before it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RetryRecord {
     /// The attempt that failed (1-based).
@@ -524,6 +524,10 @@ pub(crate) mod duration_ms {
 
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(d.as_millis().try_into().unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(serde::Deserialize::deserialize(d)?))
     }
 }
 

@@ -3,6 +3,8 @@
 pub mod blocks;
 pub mod text;
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 /// The way a model calls tools during a step.
@@ -19,4 +21,24 @@ pub enum ToolProtocol {
     /// `@@@read(file)`, `@@@write_begin(file)` ... `@@@write_end`, `@@@done`: code needs no
     /// JSON escaping, which small models handle better.
     Blocks,
+}
+
+impl ToolProtocol {
+    /// Every protocol.
+    pub const ALL: [ToolProtocol; 3] = [ToolProtocol::Native, ToolProtocol::Json, ToolProtocol::Blocks];
+
+    /// The protocol as configuration spells it: `native`, `json`, `blocks`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolProtocol::Native => "native",
+            ToolProtocol::Json => "json",
+            ToolProtocol::Blocks => "blocks",
+        }
+    }
+}
+
+impl fmt::Display for ToolProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

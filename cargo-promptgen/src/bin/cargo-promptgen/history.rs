@@ -11,9 +11,9 @@ use cargo_promptgen::__private::LockedStep;
 use cargo_promptgen::__private::Records;
 use cargo_promptgen::__private::attempts::{self, Attempt, Outcome, PartialReply};
 use cargo_promptgen::__private::{Files, Storage};
-use codegen_core::backend::Usage;
-use codegen_core::chat::{Arguments, Message};
-use serde::Deserialize;
+use codegen_core::chat::Arguments;
+use codegen_core::transcript::Transcript;
+pub use codegen_core::transcript::{Event, Line};
 
 /// Where a transcript comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -39,90 +39,11 @@ impl Kind {
     }
 }
 
-/// One event of a transcript, as `log` shows it. Events this version does not know are kept
-/// as [`Event::Other`] and skipped.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event {
-    Start {
-        model: String,
-        backend: String,
-        protocol: String,
-        seed: Option<u64>,
-        temperature: Option<f64>,
-        max_model_calls: u32,
-        #[serde(default)]
-        volatile: Option<StartVolatile>,
-    },
-    Message {
-        message: Message,
-    },
-    ModelCall {
-        number: u32,
-        usage: Usage,
-        finish_reason: Option<String>,
-        #[serde(default)]
-        volatile: Option<CallVolatile>,
-    },
-    ToolRun {
-        tool: String,
-        arguments: Arguments,
-        ok: bool,
-    },
-    Repair {
-        problem: String,
-    },
-    Check {
-        asked_by_model: bool,
-        #[serde(default)]
-        diagnostics: Option<String>,
-        #[serde(default)]
-        put_off: Option<String>,
-    },
-    Fallback {
-        from: String,
-        to: String,
-        reason: String,
-    },
-    End {
-        outcome: String,
-        #[serde(default)]
-        summary: Option<String>,
-        #[serde(default)]
-        volatile: Option<EndVolatile>,
-    },
-    #[serde(other)]
-    Other,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct StartVolatile {
-    pub location: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct CallVolatile {
-    pub duration_ms: u64,
-    #[serde(default)]
-    pub retries: Vec<serde_json::Value>,
-    #[serde(default)]
-    pub delivery: serde_json::Value,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct EndVolatile {
-    pub wall_ms: u64,
-}
-
-/// Parses a transcript's JSON Lines.
-pub fn parse(text: &str, origin: &str) -> anyhow::Result<Vec<Event>> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(n, line)| {
-            serde_json::from_str(line).with_context(|| format!("{origin}:{}: not a transcript event", n + 1))
-        })
-        .collect()
+/// Parses a transcript's JSON Lines: the events of codegen-core's one transcript type, and
+/// the kinds of those a newer version wrote, which `log` says it cannot show.
+pub fn parse(text: &str, origin: &str) -> anyhow::Result<Vec<Line>> {
+    Transcript::read_jsonl(text)
+        .map_err(|e| anyhow::anyhow!("{origin}:{}: not a transcript event: {}", e.line, e.detail))
 }
 
 /// A transcript chosen to be shown, and what else is kept for its step.
@@ -131,7 +52,7 @@ pub struct Shown {
     pub kind: Kind,
     /// Where it was read.
     pub origin: String,
-    pub events: Vec<Event>,
+    pub events: Vec<Line>,
     /// Whether its events carry timings (a transcript in the store leaves them out; `log`
     /// finds them in the last successful attempt when it is the same conversation).
     pub timed: bool,
@@ -374,10 +295,10 @@ fn same_conversation(timed: &str, plain: &str) -> bool {
 }
 
 /// The last content each `write_file` call that ran gave each path.
-fn written_files(events: &[Event]) -> Files {
+fn written_files(events: &[Line]) -> Files {
     let mut files = Files::new();
     for event in events {
-        if let Event::ToolRun { tool, arguments: Arguments::Object(args), ok: true } = event
+        if let Line::Event(Event::ToolRun { tool, arguments: Arguments::Object(args), ok: true, .. }) = event
             && tool == "write_file"
             && let (Some(path), Some(content)) =
                 (args.get("path").and_then(|v| v.as_str()), args.get("content").and_then(|v| v.as_str()))
@@ -405,8 +326,8 @@ mod tests {
     fn unknown_events_are_kept_and_known_ones_read() {
         let text = "{\"event\":\"something_new\",\"x\":1}\n{\"event\":\"repair\",\"model_call\":1,\"problem\":\"p\"}\n";
         let events = parse(text, "t").unwrap();
-        assert!(matches!(events[0], Event::Other));
-        assert!(matches!(&events[1], Event::Repair { problem } if problem == "p"));
+        assert!(matches!(&events[0], Line::Unknown(kind) if kind == "something_new"));
+        assert!(matches!(&events[1], Line::Event(Event::Repair { problem, .. }) if problem == "p"));
         let err = parse("{\"event\":\"repair\"}\n", "t.jsonl").unwrap_err();
         assert!(err.to_string().contains("t.jsonl:1"), "{err}");
     }

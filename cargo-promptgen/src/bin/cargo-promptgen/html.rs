@@ -11,7 +11,7 @@ use cargo_promptgen::__private::Chain;
 use codegen_core::chat::Role;
 
 use crate::highlight::{escape, rust};
-use crate::history::{Event, Kind, StepHistory};
+use crate::history::{Event, Kind, Line, StepHistory};
 use crate::log::shown_arguments;
 
 /// The edges of the chain's graph: `(before, after)`, each step after the one before it. The
@@ -64,7 +64,8 @@ fn state_of(step: &StepHistory) -> &'static str {
 /// Calls and tokens of what a step's shown transcript did.
 fn cost(step: &StepHistory) -> (u32, u64, u64, u32, u32) {
     let mut cost = (0, 0, 0, 0, 0);
-    for event in step.shown.iter().flat_map(|s| &s.events) {
+    for line in step.shown.iter().flat_map(|s| &s.events) {
+        let Line::Event(event) = line else { continue };
         match event {
             Event::ModelCall { usage, .. } => {
                 cost.0 += 1;
@@ -200,11 +201,22 @@ fn step_section(step: &StepHistory) -> String {
             }
             html.push_str("<div class=\"conversation\">\n");
             let mut repairs: Vec<&str> = Vec::new();
-            for event in &shown.events {
+            for line in &shown.events {
+                let event = match line {
+                    Line::Event(event) => event,
+                    Line::Unknown(kind) => {
+                        let _ = writeln!(
+                            html,
+                            "<p class=\"meta\">(a <code>{}</code> event, which this version of cargo-promptgen cannot show)</p>",
+                            escape(kind)
+                        );
+                        continue;
+                    }
+                };
                 match event {
-                    Event::Repair { problem } => repairs.push(problem.trim_end()),
+                    Event::Repair { problem, .. } => repairs.push(problem.trim_end()),
                     // The answer that only repeats a repair shown just above it.
-                    Event::Message { message }
+                    Event::Message { message, .. }
                         if matches!(message.role, Role::User | Role::Tool)
                             && repairs.contains(&message.content.trim_end()) =>
                     {
@@ -274,13 +286,13 @@ fn event_html(event: &Event) -> String {
     match event {
         Event::Start { model, backend, protocol, seed, max_model_calls, .. } => format!(
             "<p class=\"run\">{} {} · {} protocol · seed {} · budget {} calls</p>\n",
-            escape(backend),
+            escape(&backend.to_string()),
             escape(model),
-            escape(protocol),
+            escape(protocol.as_str()),
             seed.map_or_else(|| "none".to_string(), |s| s.to_string()),
             max_model_calls
         ),
-        Event::Message { message } => {
+        Event::Message { message, .. } => {
             let (class, label) = match message.role {
                 Role::System => ("msg system", "system".to_string()),
                 Role::User => ("msg user", "user".to_string()),
@@ -302,14 +314,14 @@ fn event_html(event: &Event) -> String {
             }
             block(class, &label, message.content.trim_end())
         }
-        Event::ModelCall { number, usage, finish_reason, volatile } => format!(
+        Event::ModelCall { number, usage, finish_reason, volatile, .. } => format!(
             "<p class=\"call\">call {number} · {} prompt + {} completion tokens{}{}</p>\n",
             usage.prompt_tokens.map_or("?".into(), |t| t.to_string()),
             usage.completion_tokens.map_or("?".into(), |t| t.to_string()),
-            volatile.as_ref().map(|v| format!(" · {:.1}s", v.duration_ms as f64 / 1000.0)).unwrap_or_default(),
+            volatile.as_ref().map(|v| format!(" · {:.1}s", v.duration.as_secs_f64())).unwrap_or_default(),
             finish_reason.as_ref().map(|r| format!(" · stop: {}", escape(r))).unwrap_or_default()
         ),
-        Event::ToolRun { tool, arguments, ok } => format!(
+        Event::ToolRun { tool, arguments, ok, .. } => format!(
             "<p class=\"tool {}\">{} <b>{}</b> <code>{}</code>{}</p>\n",
             if *ok { "ok" } else { "refused" },
             if *ok { "→" } else { "✗" },
@@ -317,8 +329,8 @@ fn event_html(event: &Event) -> String {
             escape(&shown_arguments(arguments)),
             if *ok { "" } else { " <span class=\"badge failed\">refused</span>" }
         ),
-        Event::Repair { problem } => block("repair", "repair", problem),
-        Event::Check { asked_by_model, diagnostics, put_off } => {
+        Event::Repair { problem, .. } => block("repair", "repair", problem),
+        Event::Check { asked_by_model, diagnostics, put_off, .. } => {
             let when = if *asked_by_model { "asked for by the model" } else { "at finish" };
             match diagnostics {
                 Some(text) => block("check failed", &format!("check failed ({when})"), text),
@@ -330,17 +342,17 @@ fn event_html(event: &Event) -> String {
         }
         Event::Fallback { from, to, reason } => format!(
             "<p class=\"repair\">fell back from the {} protocol to {}: {}</p>\n",
-            escape(from),
-            escape(to),
+            escape(from.as_str()),
+            escape(to.as_str()),
             escape(reason)
         ),
         Event::End { outcome, summary, .. } => format!(
             "<p class=\"end {}\">end: {}{}</p>\n",
-            escape(outcome),
-            escape(&outcome.replace('_', " ")),
+            escape(outcome.as_str()),
+            escape(&outcome.as_str().replace('_', " ")),
             summary.as_ref().map(|s| format!(" — {}", escape(s))).unwrap_or_default()
         ),
-        Event::Other => String::new(),
+        _ => String::new(),
     }
 }
 

@@ -7,7 +7,9 @@ use std::io::Write;
 use anstyle::{AnsiColor, Style};
 use codegen_core::chat::{Arguments, Role};
 
-use crate::history::{Event, Kind, Shown, StepHistory, list};
+use codegen_core::backend::Delivery;
+
+use crate::history::{Event, Kind, Line, Shown, StepHistory, list};
 
 /// How much of each long text to show.
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +95,14 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
     let mut user_messages = 0;
     let mut repairs: Vec<String> = Vec::new();
     let mut totals = (0u32, 0u64, 0u64, 0u32, 0u32, 0u64);
-    for event in &shown.events {
+    for line in &shown.events {
+        let event = match line {
+            Line::Event(event) => event,
+            Line::Unknown(kind) => {
+                writeln!(out, "  {DIM}(a `{kind}` event, which this version of cargo-promptgen cannot show){DIM:#}")?;
+                continue;
+            }
+        };
         match event {
             Event::Start { model, backend, protocol, seed, temperature, max_model_calls, volatile } => {
                 run += 1;
@@ -112,7 +121,7 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
                 }
                 writeln!(out, "{TITLE}run {run}{TITLE:#}: {}", parts.join(" · "))?;
             }
-            Event::Message { message } => {
+            Event::Message { message, .. } => {
                 let (label, style, lines) = match message.role {
                     Role::System => ("system", SYSTEM, limits.lines(3)),
                     Role::User if user_messages == 0 => ("user", USER, limits.lines(40)),
@@ -139,7 +148,7 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
                 writeln!(out, "  {style}{label}{name}{style:#}")?;
                 write_block(out, content, lines, "    ")?;
             }
-            Event::ModelCall { number, usage, finish_reason, volatile } => {
+            Event::ModelCall { number, usage, finish_reason, volatile, .. } => {
                 totals.0 += 1;
                 totals.1 += usage.prompt_tokens.unwrap_or(0);
                 totals.2 += usage.completion_tokens.unwrap_or(0);
@@ -150,34 +159,38 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
                     count(usage.completion_tokens)
                 ));
                 if let Some(v) = volatile {
-                    totals.5 += v.duration_ms;
-                    parts.push(seconds(v.duration_ms));
+                    let ms = u64::try_from(v.duration.as_millis()).unwrap_or(u64::MAX);
+                    totals.5 += ms;
+                    parts.push(seconds(ms));
                     if !v.retries.is_empty() {
                         parts.push(format!("{} retries", v.retries.len()));
                     }
-                    if let Some(how) = v.delivery.as_str() {
-                        parts.push(how.to_string());
-                    } else if v.delivery.get("fallback").is_some() {
-                        parts.push("whole, after a failed stream".to_string());
-                    }
+                    parts.push(
+                        match v.delivery {
+                            Delivery::Streamed => "streamed",
+                            Delivery::Fallback(_) => "whole, after a failed stream",
+                            _ => "whole",
+                        }
+                        .to_string(),
+                    );
                 }
                 if let Some(reason) = finish_reason {
                     parts.push(format!("stop: {reason}"));
                 }
                 writeln!(out, "{DIM}┄┄ {}{DIM:#}", parts.join(" · "))?;
             }
-            Event::ToolRun { tool, arguments, ok } => {
+            Event::ToolRun { tool, arguments, ok, .. } => {
                 let (mark, style) = if *ok { ("→", TOOL) } else { ("✗", BAD) };
                 let status = if *ok { String::new() } else { format!(" {BAD}refused{BAD:#}") };
                 writeln!(out, "  {style}{mark} {tool}{style:#} {}{status}", shown_arguments(arguments))?;
             }
-            Event::Repair { problem } => {
+            Event::Repair { problem, .. } => {
                 totals.3 += 1;
                 repairs.push(problem.trim_end().to_string());
                 writeln!(out, "  {BAD}repair{BAD:#}")?;
                 write_block(out, problem, limits.lines(10), "    ")?;
             }
-            Event::Check { asked_by_model, diagnostics, put_off } => {
+            Event::Check { asked_by_model, diagnostics, put_off, .. } => {
                 let when = if *asked_by_model { "asked for by the model" } else { "at finish" };
                 match diagnostics {
                     None => {
@@ -197,17 +210,18 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
                 writeln!(out, "  {TOOL}fell back{TOOL:#} from the {from} protocol to {to}: {reason}")?;
             }
             Event::End { outcome, summary, volatile } => {
-                let style = if matches!(outcome.as_str(), "finished" | "no_tool_call") { GOOD } else { BAD };
-                let mut line = format!("{style}end: {}{style:#}", outcome.replace('_', " "));
+                let style = if outcome.is_done() { GOOD } else { BAD };
+                let mut line = format!("{style}end: {}{style:#}", outcome.as_str().replace('_', " "));
                 if let Some(summary) = summary {
                     line.push_str(&format!(" — {}", summary.trim()));
                 }
                 if let Some(v) = volatile {
-                    line.push_str(&format!(" {DIM}({} in all){DIM:#}", seconds(v.wall_ms)));
+                    let ms = u64::try_from(v.wall_time.as_millis()).unwrap_or(u64::MAX);
+                    line.push_str(&format!(" {DIM}({} in all){DIM:#}", seconds(ms)));
                 }
                 writeln!(out, "{line}")?;
             }
-            Event::Other => {}
+            _ => {}
         }
     }
     let (calls, prompt, completion, repairs, rounds, model_ms) = totals;
