@@ -10,7 +10,7 @@
 #   bash scripts/real-llm.sh serve KIND PORT  # run one server in the foreground (the tests use it)
 #   bash scripts/real-llm.sh install          # only install what is missing
 #   bash scripts/real-llm.sh eval [ARGS...]   # `cargo promptgen eval -p example-app ARGS` against
-#                                             # each server with SmolLM2 (the README's table)
+#                                             # each server with SmolLM2 (docs/real-servers.md's tables)
 #   SERVERS=llama-cpp-python bash scripts/real-llm.sh [eval ...]
 #                                             # only the servers named (default: both, in turn)
 #

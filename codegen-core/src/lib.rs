@@ -1,11 +1,12 @@
 //! Runs one prompt to completion against a language model that reads and writes files
 //! through tools.
 //!
-//! A *step* sends a prompt to a model together with four tools: `read_file`, `write_file`,
-//! `list_files` and `finish`. The model calls them, the loop carries the calls out inside a
-//! [`Sandbox`](sandbox::Sandbox) and sends the results back, until the model calls `finish`,
-//! replies without a tool call, or uses up its budget of model calls. Everything that happened
-//! is kept in a [`Transcript`](transcript::Transcript).
+//! A *step* sends a prompt to a model together with five tools: `read_file`, `write_file`,
+//! `list_files`, `finish`, and `check` when the step has a [`Check`](check::Check). The model
+//! calls them, the loop carries the calls out inside a [`Sandbox`](sandbox::Sandbox) and sends
+//! the results back, until the model calls `finish`, replies without a tool call, or uses up
+//! its budget of model calls. Everything that happened is kept in a
+//! [`Transcript`](transcript::Transcript).
 //!
 //! This crate is the engine of `cargo-promptgen`, which runs chains of steps from `build.rs`
 //! and keeps a lock of what they produced; use it directly to run a prompt from your own code.

@@ -1,4 +1,5 @@
-//! The four tools a model works with, as it sees them.
+//! The five tools a model works with, as it sees them: `read_file`, `write_file`, `list_files`
+//! and `finish` in every step, and `check` in a step that has a [`Check`](crate::check::Check).
 //!
 //! The descriptions are part of the product: a model picks a tool and fills its arguments
 //! from this text alone, so each one says what the tool does, what the paths are relative
@@ -21,7 +22,8 @@ pub const FINISH: &str = "finish";
 /// `check()`: offered only when the step has a [`Check`](crate::check::Check).
 pub const CHECK: &str = "check";
 
-/// The names of every tool, in the order they are offered.
+/// The names of the four tools every step is offered, in that order; [`CHECK`], the fifth, is
+/// offered after them, and only when the step has a check.
 pub const TOOL_NAMES: [&str; 4] = [READ_FILE, WRITE_FILE, LIST_FILES, FINISH];
 
 /// The tool definitions sent to the model.

@@ -147,4 +147,46 @@ mod tests {
             assert!(docs.contains(&format!("//! {key} = ")), "the module documentation's schema lacks `eval.{key}`");
         }
     }
+
+    /// `docs/schema.md` is the users' reference: every key is written there as `key = ` at the
+    /// start of a line, and every such line under a promptgen table header is a real key.
+    #[test]
+    fn the_schema_page_lists_every_key_and_only_keys() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/schema.md");
+        let page = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("cannot read {path} ({e}): docs/schema.md is the schema's reference"));
+        let lines: Vec<&str> = page.lines().collect();
+        for key in ChainTable::KEYS.iter().chain(StepTable::KEYS) {
+            let line = match *key {
+                "steps" => "[[package.metadata.promptgen.steps]]".into(),
+                "eval" => "[package.metadata.promptgen.eval]".into(),
+                _ => format!("{key} = "),
+            };
+            assert!(lines.iter().any(|l| l.starts_with(&line)), "docs/schema.md lacks `{line}`");
+        }
+        for key in EvalTable::KEYS {
+            assert!(lines.iter().any(|l| l.starts_with(&format!("{key} = "))), "docs/schema.md lacks `eval.{key} = `");
+        }
+        // Under `[package.metadata.promptgen...]` and `[workspace.metadata.promptgen]` headers,
+        // a `key = ` line must name a key of that table.
+        let mut keys: Option<&[&str]> = None;
+        for line in &lines {
+            if line.starts_with('[') {
+                keys = match line.trim_start_matches('[').trim_end_matches(']') {
+                    "package.metadata.promptgen" | "workspace.metadata.promptgen" => Some(ChainTable::KEYS),
+                    "package.metadata.promptgen.steps" => Some(StepTable::KEYS),
+                    "package.metadata.promptgen.eval" => Some(EvalTable::KEYS),
+                    _ => None,
+                };
+            } else if let (Some(keys), Some((key, _))) = (keys, line.split_once(" = ")) {
+                let known = keys.contains(&key) || ChainTable::ALIASES.iter().any(|(alias, _)| *alias == key);
+                assert!(
+                    known || key.trim_start().starts_with('#'),
+                    "docs/schema.md documents `{key}`, which is no key: {line}"
+                );
+            } else if line.starts_with("```") {
+                keys = None;
+            }
+        }
+    }
 }
