@@ -268,7 +268,8 @@ fn package_shaped(
             std::fs::write(&real, &bytes).unwrap();
             files.push(LockedFile { path, sha256: sha256_hex(&bytes) });
         }
-        std::fs::write(store.transcript_path(&step.id), "{\"event\":\"start\"}\n").unwrap();
+        let transcript = "{\"event\":\"start\"}\n";
+        std::fs::write(store.transcript_path(&step.id), transcript).unwrap();
         let entry = LockedStep {
             id: step.id.clone(),
             key: fingerprint.key(),
@@ -278,6 +279,7 @@ fn package_shaped(
             repairs: 0,
             check_rounds: 0,
             seed: None,
+            transcript: Some(sha256_hex(transcript.as_bytes())),
             fingerprint,
             files,
         };

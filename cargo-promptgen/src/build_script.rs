@@ -188,8 +188,15 @@ impl Builder {
         // after the fact. A build script is stopped by cargo, not by a flag: nothing ever
         // sets this one.
         let never = codegen_core::Cancel::new();
-        let schedule =
-            Schedule { chain, layout, forced: &[], destination: Destination::Pending, jobs: 1, cancel: &never };
+        let schedule = Schedule {
+            chain,
+            layout,
+            forced: &[],
+            only: None,
+            destination: Destination::Pending,
+            jobs: 1,
+            cancel: &never,
+        };
         let result = schedule.bring_up_to_date(&mut show)?.into_failure()?;
         let pending = result
             .steps

@@ -111,6 +111,15 @@ pub enum Error {
         /// What it said.
         diagnostics: String,
     },
+    /// A step to run declares no outputs: a step writes only its declared outputs, so
+    /// nothing it wrote could be recorded.
+    #[error(
+        "step `{id}` declares no outputs, and a step writes only its declared outputs: declare the files it writes in its table, e.g. `outputs = [\"view.rs\"]`"
+    )]
+    NoOutputs {
+        /// The step.
+        id: String,
+    },
     /// The backend could not be opened.
     #[error("step `{id}` could not open its backend")]
     Backend {

@@ -95,7 +95,8 @@ impl Step {
     }
 
     /// Declares a file (relative to the output root) the step must produce: `finish` is
-    /// refused while it is missing, and the model is told so.
+    /// refused while it is missing, and the model is told so. A step that declares outputs
+    /// writes only those: `write_file` to any other path is refused with the list.
     pub fn expect_output(&mut self, path: impl Into<String>) -> &mut Step {
         self.outputs.push(path.into());
         self
@@ -535,6 +536,28 @@ impl<'a> Run<'a> {
         parts.join("\n\n")
     }
 
+    /// Why `call` may not run when it writes a file the step does not declare: a step that
+    /// declares outputs writes those and nothing else, whatever the spelling of the path (it
+    /// is normalised first; a name made of look-alike characters is just another name).
+    fn undeclared_write(&self, call: &PendingCall) -> Option<String> {
+        if call.name != tools::WRITE_FILE || self.step.outputs.is_empty() {
+            return None;
+        }
+        let Arguments::Object(args) = &call.arguments else { return None };
+        let path = args.get("path")?.as_str()?;
+        let normal = crate::sandbox::normalized(path).ok()?;
+        if self.step.outputs.iter().any(|output| crate::sandbox::normalized(output).as_deref() == Ok(&normal)) {
+            return None;
+        }
+        let declared: Vec<String> = self.step.outputs.iter().map(|o| format!("`{o}`")).collect();
+        Some(format!(
+            "`{}` is not one of the files this step writes, and was not written. Write only its declared output{}: {}.",
+            crate::report::excerpt(&normal, 200),
+            if declared.len() == 1 { "" } else { "s" },
+            declared.join(", ")
+        ))
+    }
+
     fn missing_outputs(&self) -> Vec<String> {
         self.step.outputs.iter().filter(|path| !self.sandbox.output_exists(path)).cloned().collect()
     }
@@ -569,6 +592,8 @@ impl<'a> Run<'a> {
                     None => ToolOutcome::Ran("The check passed.".to_string()),
                     Some(diagnostics) => ToolOutcome::Ran(format!("The check failed:\n{diagnostics}")),
                 }
+            } else if let Some(problem) = self.undeclared_write(&call) {
+                ToolOutcome::Refused(problem)
             } else {
                 tools::execute(&call.name, &call.arguments, self.sandbox)
             };

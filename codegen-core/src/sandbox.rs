@@ -1046,6 +1046,12 @@ fn check_real_protected(
     }
 }
 
+/// A model-supplied path as the sandbox reads it (`./a//b/` is `a/b`), or why it is not one:
+/// what a write to it would be refused for before the disk is looked at.
+pub(crate) fn normalized(path: &str) -> Result<String, String> {
+    normalize(path).map(|components| components.join("/"))
+}
+
 /// Splits a model-supplied path into its components, or says why it is not acceptable.
 /// `""`-free: `./a//b/` gives `["a", "b"]`; `.` gives no components.
 fn normalize(path: &str) -> Result<Vec<String>, String> {

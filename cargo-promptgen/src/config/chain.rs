@@ -199,6 +199,12 @@ impl Chain {
     }
 }
 
+/// Whether `id` is a step id as the manifest allows it: `[A-Za-z0-9_-]+`. Step ids name
+/// folders (`promptgen/<id>/`), so nothing else may be one.
+pub fn is_step_id(id: &str) -> bool {
+    !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 /// A step id the chain does not have (`--step`, `log STEP`, `diff --step`, `eval --step`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("there is no step `{id}` in {package}; its steps are: {}", known.join(", "))]

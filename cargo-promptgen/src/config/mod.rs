@@ -120,11 +120,14 @@ mod store;
 mod tables;
 mod workspace;
 
-pub use chain::{Chain, CheckSpec, ENV_VARS, Origin, Overrides, PASS_RATES, StepConfig, TEMPERATURES, UnknownStep};
+pub use chain::{
+    Chain, CheckSpec, ENV_VARS, Origin, Overrides, PASS_RATES, StepConfig, TEMPERATURES, UnknownStep, is_step_id,
+};
 #[cfg(feature = "cli")]
 pub use edit::with_store;
 pub use error::{ConfigError, ConfigErrorKind, Location};
 pub use load::{load, load_from_env};
+pub use paths::output_path;
 pub use store::{CacheUrl, StoreMode, StoreSettings};
 
 #[cfg(test)]

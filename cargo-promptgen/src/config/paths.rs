@@ -25,7 +25,9 @@ fn path_shape(written: &str) -> Result<Vec<&str>, String> {
     Ok(components)
 }
 
-pub(super) fn output_path(written: &str) -> Result<String, String> {
+/// `written` as an output path, normalised (no `.` or empty components), or why it is not
+/// one: empty, absolute, with a backslash, a control character, a `:` or `..`.
+pub fn output_path(written: &str) -> Result<String, String> {
     let components = path_shape(written)?;
     if components.contains(&"..") {
         return Err("contains `..`; outputs are written inside the output folder, e.g. `view.rs`".into());

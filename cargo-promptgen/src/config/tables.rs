@@ -14,7 +14,7 @@ use codegen_core::sandbox::{SandboxError, input_files};
 use toml::Spanned;
 
 use super::after::{GraphDecl, Written};
-use super::chain::{CheckSpec, EvalSettings, Input, Origin, PASS_RATES, StepConfig, TEMPERATURES};
+use super::chain::{CheckSpec, EvalSettings, Input, Origin, PASS_RATES, StepConfig, TEMPERATURES, is_step_id};
 use super::error::{ConfigError, ConfigErrorKind};
 use super::paths::{input_virtual_path, lexical_join, output_path};
 use super::schema::{CACHE_URL_EXPECTED, ChainTable, CheckValue, expected_of};
@@ -332,7 +332,7 @@ pub(super) fn check_steps(ctx: &Ctx<'_>, chain: &Spanned<ChainTable>) -> Result<
             return Err(ctx.missing("id", step, hint.into()));
         };
         let id = id_value.get_ref().clone();
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        if !is_step_id(&id) {
             return Err(ctx.invalid("id", id_value, format!("{id:?}")));
         }
         if let Some(first_key) = seen.get(&id) {

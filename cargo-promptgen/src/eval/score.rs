@@ -82,7 +82,8 @@ pub fn rechecked(failed: Option<&Findings>, put_off: bool, with_tests: bool) -> 
 /// A trial whose loop failed: its classes, and how far its files got.
 ///
 /// - The server: `timeout` (no reply, or a stalled one, within the limits), `no server`
-///   (nothing answers at its address), `context overflow`, else `server error`.
+///   (nothing answers at its address), `context overflow`, `reply too large` (it ignored the
+///   output cap), else `server error`.
 /// - The check never passed: the compiler error codes and failing tests of its last run.
 /// - The budget ran out without a failed check: `broken tool calls` when at least half of the
 ///   model calls were answered with a repair about the call itself (bad JSON, an unknown tool,
@@ -107,6 +108,7 @@ pub fn classify(error: &codegen_core::Error, transcript: &Transcript, with_tests
         }
         codegen_core::Error::Backend(BackendError::Unreachable { .. }) => vec!["no server".to_string()],
         codegen_core::Error::Backend(BackendError::ContextOverflow { .. }) => vec!["context overflow".to_string()],
+        codegen_core::Error::Backend(BackendError::ReplyTooLarge { .. }) => vec!["reply too large".to_string()],
         codegen_core::Error::Backend(_) => vec!["server error".to_string()],
         codegen_core::Error::CheckFailed { diagnostics, .. } => diagnostic_classes(&diagnostics.findings),
         codegen_core::Error::CheckCouldNotRun(_) => vec!["check could not run".to_string()],

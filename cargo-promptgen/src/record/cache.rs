@@ -176,6 +176,7 @@ mod tests {
             repairs: 0,
             check_rounds: 0,
             seed: None,
+            transcript: None,
             fingerprint,
             files: files
                 .iter()

@@ -57,6 +57,11 @@ pub struct LockedStep {
     /// names: a retry after a failed run (`seed_retries`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// The SHA-256 of the transcript stored with the files (`<id>.transcript.jsonl`, or the
+    /// cache's `transcripts/<key>.jsonl`): a transcript that does not have it is never shown
+    /// as the conversation that made them. Absent in entries recorded before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcript: Option<String>,
     /// Everything that went into the key.
     pub fingerprint: Fingerprint,
     /// The files the step wrote, with their hashes.
@@ -144,8 +149,102 @@ impl LockedStep {
     }
 }
 
+/// The places of what [`validate`] checks, for messages: a second, lenient reading of the
+/// lock's text that keeps where each step and file is.
+#[derive(Deserialize)]
+struct Places {
+    #[serde(default, rename = "step")]
+    steps: Vec<StepPlace>,
+}
+
+#[derive(Deserialize)]
+struct StepPlace {
+    id: toml::Spanned<String>,
+    #[serde(default, rename = "file")]
+    files: Vec<FilePlace>,
+}
+
+#[derive(Deserialize)]
+struct FilePlace {
+    path: toml::Spanned<String>,
+}
+
+/// Checks a lock read from `text` as the untrusted input it is (it arrives in pull requests):
+/// every id is a step id, unique; every hash a SHA-256 (hashes name files in the cache and
+/// keys in its bucket); every file a normalised relative path inside its step's folder and one
+/// of the outputs the step's fingerprint declares. `Err` names the line and the step.
+fn validate(lock: &Lock, text: &str) -> Result<(), String> {
+    let places: Option<Places> = toml::from_str(text).ok();
+    let line = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+    let at = |step: usize, file: Option<usize>| -> String {
+        let Some(place) = places.as_ref().and_then(|p| p.steps.get(step)) else { return String::new() };
+        let offset = match file.and_then(|f| place.files.get(f)) {
+            Some(file) => file.path.span().start,
+            None => place.id.span().start,
+        };
+        format!("line {}: ", line(offset))
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for (index, step) in lock.steps.iter().enumerate() {
+        let id = &step.id;
+        if !crate::config::is_step_id(id) {
+            return Err(format!(
+                "{}a step has the id {id:?}, which is not a step id (letters, digits, `_` and `-`): ids name folders",
+                at(index, None)
+            ));
+        }
+        if !seen.insert(id.as_str()) {
+            return Err(format!("{}step `{id}` is recorded twice", at(index, None)));
+        }
+        let hashes = std::iter::once(("key", &step.key))
+            .chain(step.transcript.iter().map(|hash| ("transcript", hash)))
+            .chain(step.files.iter().map(|f| ("sha256", &f.sha256)));
+        for (field, hash) in hashes {
+            if !is_sha256(hash) {
+                return Err(format!(
+                    "{}step {id} has {field} = {hash:?}, which is not a SHA-256 (64 hex digits)",
+                    at(index, None)
+                ));
+            }
+        }
+        for output in &step.fingerprint.outputs {
+            if crate::config::output_path(output).as_deref() != Ok(output.as_str()) {
+                return Err(format!(
+                    "{}step `{id}` declares the output {output:?}, which is not a normalised relative path",
+                    at(index, None)
+                ));
+            }
+        }
+        for (number, file) in step.files.iter().enumerate() {
+            let path = &file.path;
+            let problem = match crate::config::output_path(path) {
+                Err(why) => Some(format!("is not a path inside its folder: it {why}")),
+                Ok(normal) if normal != *path => Some(format!("is not written in its normal form (`{normal}`)")),
+                Ok(_) if !step.fingerprint.outputs.contains(path) => Some(format!(
+                    "is not one of its declared outputs ({})",
+                    if step.fingerprint.outputs.is_empty() {
+                        "it declares none".to_string()
+                    } else {
+                        step.fingerprint.outputs.iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(", ")
+                    }
+                )),
+                Ok(_) => None,
+            };
+            if let Some(problem) = problem {
+                return Err(format!(
+                    "{}step `{id}` records the file {path:?}, which {problem}; nothing was read or written for it",
+                    at(index, Some(number))
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Lock {
-    /// Reads a lock file; a missing file is an empty lock.
+    /// Reads a lock file; a missing file is an empty lock. The lock is untrusted input:
+    /// anything in it that could name a file outside its step's folder, or one the step does
+    /// not declare, is [`Error::DamagedLock`] naming its line (see [`validate`]).
     pub fn read(path: &Path) -> Result<Lock, Error> {
         if !path.exists() {
             return Ok(Lock::default());
@@ -153,16 +252,7 @@ impl Lock {
         let text = codegen_core::fs::read_to_string(path)?;
         let lock: Lock =
             toml::from_str(&text).map_err(|e| Error::DamagedLock { path: path.to_owned(), detail: e.to_string() })?;
-        // Hashes name files in the cache and keys in its bucket: only real ones may.
-        let bad_hash = lock.steps.iter().find_map(|step| {
-            std::iter::once(("key", &step.key))
-                .chain(step.files.iter().map(|f| ("sha256", &f.sha256)))
-                .find(|(_, hash)| !is_sha256(hash))
-                .map(|(field, hash)| {
-                    format!("step {} has {field} = {hash:?}, which is not a SHA-256 (64 hex digits)", step.id)
-                })
-        });
-        if let Some(detail) = bad_hash {
+        if let Err(detail) = validate(&lock, &text) {
             return Err(Error::DamagedLock { path: path.to_owned(), detail });
         }
         if lock.version != LOCK_VERSION {
@@ -235,6 +325,7 @@ mod tests {
                 repairs: 0,
                 check_rounds: 0,
                 seed: None,
+                transcript: None,
                 fingerprint,
                 files: vec![LockedFile { path: "view.rs".into(), sha256: sha256_hex(b"view") }],
             }],

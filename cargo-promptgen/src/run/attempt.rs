@@ -149,6 +149,9 @@ pub(crate) fn run_step(
     surroundings: Surroundings<'_>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ran, Error> {
+    if step.outputs.is_empty() {
+        return Err(Error::NoOutputs { id: step.id.clone() });
+    }
     let mut backend_config = step.backend.clone();
     backend_config.cancel = surroundings.cancel.clone();
     let mut backend = backend_config.open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
@@ -238,6 +241,7 @@ pub(crate) fn run_step(
             check_rounds: totals.check_rounds,
             // Only a retry's seed differs from the one the fingerprint names.
             seed: if run == 1 { None } else { seed },
+            transcript: Some(sha256_hex(transcripts.as_bytes())),
             fingerprint: assessed.fingerprint.clone(),
             files: files
                 .iter()

@@ -29,6 +29,10 @@ pub struct Schedule<'a> {
     pub layout: &'a Layout,
     /// Steps to run even when they are fresh (`--step`, `--force`).
     pub forced: &'a [String],
+    /// Only these steps and the stale steps they run after (transitively) may run (`--step`);
+    /// `None`: every stale step. A stale step left out is [`ChainResult::left`], with every
+    /// step that runs after it.
+    pub only: Option<&'a [String]>,
     /// Where the results are recorded.
     pub destination: Destination,
     /// Steps that may run at once (at least one does).
@@ -54,6 +58,9 @@ pub struct ChainResult {
     /// Steps that did not run because a step they run after (transitively) failed, in the
     /// chain's order.
     pub skipped: Vec<SkippedStep>,
+    /// Stale steps that were not asked for ([`Schedule::only`]), and the steps that run after
+    /// them, in the chain's order: still stale.
+    pub left: Vec<String>,
     /// The tree of every usable record, each step's files over those of the steps it runs
     /// after.
     pub tree: Files,
@@ -100,6 +107,8 @@ enum Slot {
     Done { entry: Box<LockedStep>, files: Files, state: StepState },
     /// Failed, or skipped because a step it runs after failed.
     Stopped,
+    /// Stale and not asked for, or after such a step: left as it is.
+    Left,
 }
 
 /// What a step's thread tells the thread that records.
@@ -171,6 +180,14 @@ impl<'a> Steps<'a> {
         }
     }
 
+    /// Step `index` is stale and may not run: it and the steps that run after it are left.
+    fn leave(&mut self, index: usize) {
+        self.slots[index] = Slot::Left;
+        for dependent in self.chain.graph.all_dependents(index) {
+            self.slots[dependent] = Slot::Left;
+        }
+    }
+
     /// The last of the steps `index` runs after, in the graph's order, and its state now:
     /// `regenerated` (in this run), `recorded` or `pending`.
     fn last_dependency(&self, index: usize, regenerated: &[String]) -> Option<(String, &'static str)> {
@@ -215,7 +232,18 @@ impl Schedule<'_> {
     /// comes to `progress` on the calling thread. Which steps run at the same time changes
     /// nothing a step sees ([`the_rest_of_the_chain`]), so results do not depend on `jobs`.
     pub fn bring_up_to_date(&self, progress: &mut dyn FnMut(Progress)) -> Result<ChainResult, Error> {
-        let Schedule { chain, layout, forced, destination, jobs, cancel } = *self;
+        let Schedule { chain, layout, forced, only, destination, jobs, cancel } = *self;
+        // The steps that may run: those asked for and what they run after.
+        let may_run: Option<Vec<bool>> = only.map(|ids| {
+            let mut allowed = vec![false; chain.steps.len()];
+            for index in ids.iter().filter_map(|id| chain.index(id)) {
+                allowed[index] = true;
+                for dependency in chain.graph.dependencies(index) {
+                    allowed[dependency] = true;
+                }
+            }
+            allowed
+        });
         let records = Records::read(layout)?;
         let mut recorder = Recorder::open(chain, layout, &records, destination)?;
         let mut steps = Steps::new(chain);
@@ -257,7 +285,11 @@ impl Schedule<'_> {
                         }
                     };
                     if let StepState::Stale(_) = assessed.state {
-                        steps.queued.insert(rank, (index, assessed));
+                        if may_run.as_ref().is_some_and(|allowed| !allowed[index]) {
+                            steps.leave(index);
+                        } else {
+                            steps.queued.insert(rank, (index, assessed));
+                        }
                         continue;
                     }
                     let entry = assessed.entry.clone().expect("a usable step has its entry");
@@ -374,6 +406,10 @@ impl Schedule<'_> {
                 id: chain.steps[index].id.clone(),
                 failed: failed.into_iter().map(|f| chain.steps[f].id.clone()).collect(),
             })
+            .collect();
+        result.left = (0..chain.steps.len())
+            .filter(|&i| matches!(steps.slots[i], Slot::Left))
+            .map(|i| chain.steps[i].id.clone())
             .collect();
         result.steps = steps
             .slots

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+#[cfg(doc)]
+use super::error::BackendError;
 use super::http::HttpConfig;
 use super::kind::BackendKind;
 use crate::cancel::Cancel;
@@ -57,6 +59,22 @@ impl PartialEq for BackendConfig {
 }
 
 impl BackendConfig {
+    /// The most bytes one reply may have, on the wire (a stream's framing included) or
+    /// assembled, before it is cut off ([`BackendError::ReplyTooLarge`]): a kibibyte per
+    /// token of `max_output_tokens` (a streamed token's event is a few hundred bytes), at
+    /// least [`BackendConfig::MIN_REPLY_BYTES`] and at most [`BackendConfig::MAX_REPLY_BYTES`].
+    /// A server that ignores the cap is stopped here, and memory with it.
+    pub fn reply_limit(&self) -> u64 {
+        (u64::from(self.max_output_tokens) * 1024).clamp(Self::MIN_REPLY_BYTES, Self::MAX_REPLY_BYTES)
+    }
+
+    /// The least [`BackendConfig::reply_limit`] is: room for an error body and a short reply
+    /// whatever the cap.
+    pub const MIN_REPLY_BYTES: u64 = 1 << 20;
+
+    /// The most [`BackendConfig::reply_limit`] is, whatever the cap.
+    pub const MAX_REPLY_BYTES: u64 = 64 << 20;
+
     /// Ollama's default context window is as small as 2048 tokens and overflows silently by
     /// dropping the front of the history (the tools and the system prompt first); this is
     /// enough for a few source files and fits every current code model.

@@ -66,6 +66,21 @@ pub enum BackendError {
         /// How many attempts were made.
         attempts: u32,
     },
+    /// The server sent more for one reply than its output cap allows: it ignores the cap.
+    /// The reply was cut off there, and never retried.
+    #[error(
+        "{backend} at {url} sent more than {limit} bytes for one reply and was cut off: with max_output_tokens = {max_output_tokens}, a reply needs far less, so the server ignores the output cap (Ollama's `num_predict`, the OpenAI-compatible `max_tokens`).\nCheck the server's settings, or raise max_output_tokens if the step's replies really are that long."
+    )]
+    ReplyTooLarge {
+        /// Which backend.
+        backend: BackendKind,
+        /// The URL.
+        url: String,
+        /// The bytes a reply may have.
+        limit: u64,
+        /// The cap the request sent.
+        max_output_tokens: u32,
+    },
     /// The server does not have the model.
     #[error("{backend} at {url} has no model `{model}`: {server_message}\n{}", model_hint(*backend, model))]
     ModelNotFound {

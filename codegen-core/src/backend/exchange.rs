@@ -21,6 +21,7 @@ pub(crate) fn classify_transport(
     backend: BackendKind,
     url: &str,
     timeout: Duration,
+    max_output_tokens: u32,
     err: http::TransportError,
 ) -> BackendError {
     let url = url.to_string();
@@ -33,6 +34,7 @@ pub(crate) fn classify_transport(
         }
         http::TransportKind::Interrupted => BackendError::Interrupted { backend, url, detail, attempts },
         http::TransportKind::Cancelled => BackendError::Cancelled { backend, url },
+        http::TransportKind::TooLarge(limit) => BackendError::ReplyTooLarge { backend, url, limit, max_output_tokens },
     }
 }
 
@@ -80,6 +82,9 @@ pub(crate) struct Exchange {
     bearer: Option<String>,
     http: http::HttpClient,
     stream: bool,
+    /// The cap the requests send, and the bytes a reply may have for it.
+    max_output_tokens: u32,
+    reply_limit: u64,
     messages: MessageCache,
     ids: IdMinter,
     cannot: CannotStream,
@@ -120,6 +125,8 @@ impl Exchange {
             bearer,
             http,
             stream: config.stream,
+            max_output_tokens: config.max_output_tokens,
+            reply_limit: config.reply_limit(),
             messages: MessageCache::default(),
             ids: IdMinter::default(),
             cannot: CannotStream::default(),
@@ -146,8 +153,8 @@ impl Exchange {
         let timeout = self.http.config().request_timeout;
         let reply = self
             .http
-            .post_json(&self.url, self.bearer.as_deref(), body)
-            .map_err(|err| classify_transport(self.kind, &self.url, timeout, err))?;
+            .post_json(&self.url, self.bearer.as_deref(), body, self.reply_limit)
+            .map_err(|err| classify_transport(self.kind, &self.url, timeout, self.max_output_tokens, err))?;
         let attempts = reply.retries.len() as u32 + 1;
         retries.extend(reply.retries);
         let whole = self.read_whole::<W>(request.model, reply.status, &reply.body, attempts)?;
@@ -210,8 +217,10 @@ impl Exchange {
             let body = self.body(wire, request, Ask::Stream { usage: !self.cannot.usage_option })?;
             let (opened, attempt_retries) = self
                 .http
-                .post_stream(&self.url, self.bearer.as_deref(), body, first_byte, idle)
-                .map_err(|err| classify_transport(self.kind, &self.url, config.request_timeout, err))?;
+                .post_stream(&self.url, self.bearer.as_deref(), body, first_byte, idle, self.reply_limit)
+                .map_err(|err| {
+                    classify_transport(self.kind, &self.url, config.request_timeout, self.max_output_tokens, err)
+                })?;
             let attempts = attempt_retries.len() as u32 + 1;
             retries.extend(attempt_retries);
             let mut bytes = match opened {
@@ -276,6 +285,14 @@ impl Exchange {
                     }
                     Err(http::ChunkError::Cancelled) => {
                         return Err(BackendError::Cancelled { backend: self.kind, url: self.url.clone() });
+                    }
+                    Err(http::ChunkError::TooLarge(limit)) => {
+                        return Err(BackendError::ReplyTooLarge {
+                            backend: self.kind,
+                            url: self.url.clone(),
+                            limit,
+                            max_output_tokens: self.max_output_tokens,
+                        });
                     }
                     Err(http::ChunkError::Broken(detail)) => {
                         broken = Some(detail);

@@ -158,6 +158,8 @@ pub(crate) enum TransportKind {
     Interrupted,
     /// The [`Cancel`] flag was set: the request was abandoned.
     Cancelled,
+    /// The reply had more bytes than this: it was cut off.
+    TooLarge(u64),
 }
 
 #[cfg(feature = "http")]
@@ -199,6 +201,9 @@ pub(crate) struct ByteStream<'c> {
     pub idle: Limit,
     /// Whether any byte of the body has arrived.
     pub begun: bool,
+    /// Bytes of the body so far, and the most it may have.
+    received: u64,
+    max_bytes: u64,
 }
 
 #[cfg(feature = "http")]
@@ -210,6 +215,8 @@ pub(crate) enum ChunkError {
     Broken(String),
     /// The [`Cancel`] flag was set.
     Cancelled,
+    /// The body has more bytes than this.
+    TooLarge(u64),
 }
 
 #[cfg(feature = "http")]
@@ -226,6 +233,10 @@ impl ByteStream<'_> {
         match self.runtime.block_on(async { cancel.guard(tokio::time::timeout(limit, response.chunk())).await }) {
             Some(Ok(Ok(Some(chunk)))) => {
                 self.begun |= !chunk.is_empty();
+                self.received += chunk.len() as u64;
+                if self.received > self.max_bytes {
+                    return Err(ChunkError::TooLarge(self.max_bytes));
+                }
                 Ok(Some(chunk))
             }
             Some(Ok(Ok(None))) => Ok(None),
@@ -302,23 +313,35 @@ impl HttpClient {
         self.runtime.block_on(async { self.cancel.guard(tokio::time::sleep(wait)).await }).is_none()
     }
 
-    /// POSTs `body`, JSON already encoded, and reads the whole reply within
-    /// [`HttpConfig::request_timeout`], retrying what [`RetryPolicy`] says to retry.
-    pub fn post_json(&self, url: &str, bearer: Option<&str>, body: Vec<u8>) -> Result<HttpReply, TransportError> {
+    /// POSTs `body`, JSON already encoded, and reads the whole reply (at most `max_bytes` of
+    /// it) within [`HttpConfig::request_timeout`], retrying what [`RetryPolicy`] says to retry.
+    pub fn post_json(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        body: Vec<u8>,
+        max_bytes: u64,
+    ) -> Result<HttpReply, TransportError> {
         let limit = self.config.request_timeout;
         let (reply, retries) = self.with_retries(url, bearer, body, |request| {
             let outcome = self.run(limit, async {
-                let response = request.send().await?;
+                let response = request.send().await.map_err(BodyError::Transport)?;
                 let status = response.status().as_u16();
                 let retry_after = retry_after(response.headers());
-                response.text().await.map(|body| (status, retry_after, body))
+                read_body(response, max_bytes).await.map(|body| (status, retry_after, body))
             });
             match outcome {
                 Ok(Ok((status, retry_after, body))) => {
                     let retry = is_retryable_status(status, &body).then(|| (format!("HTTP {status}"), retry_after));
                     Attempt::Answered { value: (status, body), retry }
                 }
-                Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
+                Ok(Err(BodyError::TooLarge)) => Attempt::Failed {
+                    kind: TransportKind::TooLarge(max_bytes),
+                    detail: format!("more than {max_bytes} bytes"),
+                },
+                Ok(Err(BodyError::Transport(err))) => {
+                    Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) }
+                }
                 Err(Stop::Elapsed) => Attempt::Failed {
                     kind: TransportKind::Timeout,
                     detail: format!("no whole reply within {} s", limit.as_secs_f64()),
@@ -333,7 +356,7 @@ impl HttpClient {
     /// POSTs `body` asking for a streamed reply: waits at most `first_byte` for the reply to
     /// begin, and hands back its body to be read piece by piece; retries what [`RetryPolicy`]
     /// says to retry before the body begins. An error status, or a server that answered with
-    /// one JSON body, is read whole.
+    /// one JSON body, is read whole. Either way the body may have at most `max_bytes`.
     pub fn post_stream(
         &self,
         url: &str,
@@ -341,6 +364,7 @@ impl HttpClient {
         body: Vec<u8>,
         first_byte: Limit,
         idle: Limit,
+        max_bytes: u64,
     ) -> Result<(Opened<'_>, Vec<RetryRecord>), TransportError> {
         let whole_limit = self.config.request_timeout;
         self.with_retries(url, bearer, body, |request| {
@@ -370,16 +394,24 @@ impl HttpClient {
                     first_byte,
                     idle,
                     begun: false,
+                    received: 0,
+                    max_bytes,
                 };
                 return Attempt::Answered { value: Opened::Stream(Box::new(stream)), retry: None };
             }
             let retry_after = retry_after(response.headers());
-            match self.run(whole_limit, response.text()) {
+            match self.run(whole_limit, read_body(response, max_bytes)) {
                 Ok(Ok(body)) => {
                     let retry = is_retryable_status(status, &body).then(|| (format!("HTTP {status}"), retry_after));
                     Attempt::Answered { value: Opened::Whole { status, body }, retry }
                 }
-                Ok(Err(err)) => Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) },
+                Ok(Err(BodyError::TooLarge)) => Attempt::Failed {
+                    kind: TransportKind::TooLarge(max_bytes),
+                    detail: format!("more than {max_bytes} bytes"),
+                },
+                Ok(Err(BodyError::Transport(err))) => {
+                    Attempt::Failed { kind: transport_kind(&err), detail: error_chain(&err) }
+                }
                 Err(Stop::Elapsed) => Attempt::Failed {
                     kind: TransportKind::Timeout,
                     detail: format!("no whole reply within {} s", whole_limit.as_secs_f64()),
@@ -423,8 +455,13 @@ impl HttpClient {
                 Attempt::Answered { value, retry: Some(_) } if !may_retry => return Ok((value, retries)),
                 Attempt::Answered { retry: Some(retry), .. } => retry,
                 Attempt::Failed { kind, detail } => {
-                    let final_kind =
-                        matches!(kind, TransportKind::Timeout | TransportKind::Silent(_) | TransportKind::Cancelled);
+                    let final_kind = matches!(
+                        kind,
+                        TransportKind::Timeout
+                            | TransportKind::Silent(_)
+                            | TransportKind::Cancelled
+                            | TransportKind::TooLarge(_)
+                    );
                     if final_kind || !may_retry {
                         return Err(TransportError { kind, detail, attempts: number });
                     }
@@ -445,6 +482,31 @@ impl HttpClient {
             }
         }
     }
+}
+
+#[cfg(feature = "http")]
+/// Why a whole body could not be read.
+enum BodyError {
+    Transport(reqwest::Error),
+    /// It has more bytes than allowed.
+    TooLarge,
+}
+
+#[cfg(feature = "http")]
+/// A whole body as text (invalid UTF-8 replaced, as `Response::text` does), read piece by
+/// piece so that no more than `max_bytes` of it is ever held.
+async fn read_body(mut response: reqwest::Response, max_bytes: u64) -> Result<String, BodyError> {
+    if response.content_length().is_some_and(|length| length > max_bytes) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Transport)? {
+        if (body.len() + chunk.len()) as u64 > max_bytes {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 /// The TLS settings of every client: rustls with the *ring* provider, given to this client

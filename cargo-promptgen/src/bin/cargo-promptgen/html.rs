@@ -14,10 +14,17 @@ use crate::highlight::{escape, rust};
 use crate::history::{Event, Kind, Line, StepHistory};
 use crate::log::shown_arguments;
 
-/// The edges of the chain's graph: `(before, after)`, each step after the one before it. The
-/// one place that says what runs after what, for the page.
+/// The edges of the chain's graph, `(before, after)`: each step after each step it runs after
+/// (`after`, resolved), the same source `cargo promptgen graph` draws from. In the graph's
+/// order, so that each step comes after the steps it runs after.
 pub fn edges(chain: &Chain) -> Vec<(String, String)> {
-    chain.steps.windows(2).map(|pair| (pair[0].id.clone(), pair[1].id.clone())).collect()
+    chain
+        .graph
+        .order()
+        .iter()
+        .map(|&index| &chain.steps[index])
+        .flat_map(|step| step.after.iter().map(|before| (before.clone(), step.id.clone())))
+        .collect()
 }
 
 /// The page.
@@ -39,7 +46,11 @@ pub fn page(chain: &Chain, steps: &[StepHistory]) -> String {
         chain.steps.len(),
         escape(&chain.manifest_path.display().to_string())
     );
-    html.push_str(&graph(&edges(chain), steps));
+    // Laid out in the graph's order: a step's column is one past the columns of the steps
+    // it runs after, which must be placed first.
+    let mut ordered: Vec<&StepHistory> = steps.iter().collect();
+    ordered.sort_by_key(|step| chain.index(&step.id).map(|i| chain.graph.rank(i)));
+    html.push_str(&graph(&edges(chain), &ordered));
     html.push_str(&summary_table(steps));
     for step in steps {
         html.push_str(&step_section(step));
@@ -82,7 +93,7 @@ fn cost(step: &StepHistory) -> (u32, u64, u64, u32, u32) {
 
 /// The steps as boxes in columns by depth (a step's column is one past its deepest
 /// predecessor's), with an arrow for each edge.
-fn graph(edges: &[(String, String)], steps: &[StepHistory]) -> String {
+fn graph(edges: &[(String, String)], steps: &[&StepHistory]) -> String {
     const W: usize = 150;
     const H: usize = 46;
     const GAP_X: usize = 50;

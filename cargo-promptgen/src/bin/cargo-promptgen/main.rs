@@ -26,6 +26,8 @@ use cargo_promptgen::__private::Layout;
 use cargo_promptgen::__private::Lock;
 use cargo_promptgen::__private::Lookup;
 use cargo_promptgen::__private::ProcessLock;
+use cargo_promptgen::__private::UnknownStep;
+use cargo_promptgen::__private::eval::EvalError;
 use cargo_promptgen::__private::remote::{self as sync, Remote, RemoteError, SyncError, Transfer};
 use cargo_promptgen::__private::review as report;
 use cargo_promptgen::__private::{self as internals, Chain, Overrides, StoreMode};
@@ -200,7 +202,7 @@ struct RunArgs {
     /// Run up to N ready steps at once (beats PROMPTGEN_JOBS and `jobs`; default 1).
     #[arg(short = 'j', long, value_name = "N")]
     jobs: Option<NonZeroU32>,
-    /// Regenerate this step even if it is fresh (repeatable); the steps after it follow if its output changes.
+    /// Regenerate this step even if it is fresh (repeatable), and the stale steps it runs after; the steps after it are left stale.
     #[arg(long = "step", value_name = "ID", conflicts_with = "workspace")]
     steps: Vec<String>,
     /// Regenerate every step.
@@ -240,10 +242,29 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {}", cargo_promptgen::__private::report(err.as_ref()));
-            // 128 + SIGINT, as a shell reports a process that Ctrl-C ended.
-            let interrupted = matches!(err.downcast_ref::<Error>(), Some(Error::Interrupted { .. }));
-            ExitCode::from(if interrupted { 130 } else { 1 })
+            ExitCode::from(exit_code(&err))
         }
+    }
+}
+
+/// A command line that asks for what cannot be (a package or step that is not there, flags
+/// that contradict each other): exit code 2, before anything runs.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct UsageError(String);
+
+/// The exit code of a failed command: 130 (128 + SIGINT, as a shell reports a process that
+/// Ctrl-C ended) when it was interrupted, 2 for a usage error, else 1.
+fn exit_code(err: &anyhow::Error) -> u8 {
+    let usage = err.chain().any(|cause| {
+        cause.is::<UsageError>()
+            || cause.is::<UnknownStep>()
+            || matches!(cause.downcast_ref::<EvalError>(), Some(EvalError::UnknownStep(_)))
+    });
+    match err.downcast_ref::<Error>() {
+        Some(Error::Interrupted { .. }) => 130,
+        _ if usage => 2,
+        _ => 1,
     }
 }
 
@@ -322,9 +343,9 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
         };
         let found =
             members.iter().find(|p| p.name.as_str() == name && version.is_none_or(|v| p.version.to_string() == v));
-        return found.map(|p| manifest(p)).with_context(|| {
+        return found.map(|p| manifest(p)).ok_or_else(|| {
             let names: Vec<String> = members.iter().map(|p| format!("{}@{}", p.name, p.version)).collect();
-            format!("no package `{spec}` in this workspace; its packages are: {}", names.join(", "))
+            UsageError(format!("no package `{spec}` in this workspace; its packages are: {}", names.join(", "))).into()
         });
     }
     if let Some(path) = &selection.manifest_path {
@@ -348,7 +369,11 @@ fn select_package(metadata: &cargo_metadata::Metadata, selection: &Selection) ->
         [] => bail!("no package in this workspace declares [package.metadata.promptgen]"),
         many => {
             let names: Vec<&str> = many.iter().map(|p| p.name.as_str()).collect();
-            bail!("several packages declare a prompt chain ({}); choose one with -p", names.join(", "))
+            Err(UsageError(format!(
+                "several packages declare a prompt chain ({}); choose one with -p",
+                names.join(", ")
+            ))
+            .into())
         }
     }
 }
@@ -369,6 +394,9 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
     for id in &args.steps {
         chain.require_step(id)?;
     }
+    // `--step ID` runs those steps (and the stale steps they run after), never the steps after
+    // them; `--force` runs every step.
+    let only = (!args.force && !args.steps.is_empty()).then(|| args.steps.clone());
     let forced: Vec<String> = if args.force { chain.steps.iter().map(|s| s.id.clone()).collect() } else { args.steps };
     let _guard = ProcessLock::acquire(&layout)?;
     if args.offline {
@@ -376,7 +404,7 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
         if !report.stale.is_empty() || !forced.is_empty() {
             let steps = if forced.is_empty() { report.stale } else { Vec::new() };
             if steps.is_empty() {
-                bail!("--offline forbids model calls, and --step/--force ask for them");
+                return Err(UsageError("--offline forbids model calls, and --step/--force ask for them".into()).into());
             }
             return Err(cargo_promptgen::Error::Stale {
                 package: chain.package_name.clone(),
@@ -417,6 +445,7 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
         chain: &chain,
         layout: &layout,
         forced: &forced,
+        only: only.as_deref(),
         destination: Destination::Committed,
         jobs: chain.jobs,
         cancel: &cancel,
@@ -439,11 +468,19 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
         if !result.removed.is_empty() {
             eprintln!("Removed steps {} that Cargo.toml no longer declares.", result.removed.join(", "));
         }
+        for id in &result.left {
+            eprintln!("step {id} is now stale: run `cargo promptgen -p {}`", chain.package_name);
+        }
         eprintln!(
-            "{} of {} steps regenerated in {:.1}s; promptgen.lock is up to date.",
+            "{} of {} steps regenerated in {:.1}s; {}",
             result.regenerated.len(),
             chain.steps.len(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            if result.left.is_empty() {
+                "promptgen.lock is up to date."
+            } else {
+                "the steps after them were not asked for (`--step`)."
+            }
         );
     }
     if let Some(remote) = remote.as_ref().filter(|_| !args.no_push) {
