@@ -15,3 +15,4 @@ mod step_loop;
 mod stream_props;
 mod streaming;
 mod streams_recorded;
+mod support;
