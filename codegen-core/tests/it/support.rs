@@ -2,6 +2,30 @@
 
 use std::process::Command;
 
+use codegen_core::backend::BackendKind;
+use codegen_core::chat::{Arguments, Message};
+use promptgen_tests::FakeLlm;
+use serde_json::Value;
+
+/// Where a backend of `kind` finds `server`: an OpenAI-compatible client under `/v1` (as
+/// `OPENAI_BASE_URL` says it), Ollama at the server itself.
+pub fn base_url(kind: BackendKind, server: &FakeLlm) -> String {
+    match kind {
+        BackendKind::OpenAi => format!("{}/v1", server.url()),
+        _ => server.url(),
+    }
+}
+
+/// The history of one request: a system prompt and a user turn.
+pub fn hello() -> Vec<Message> {
+    vec![Message::system("sys"), Message::user("write a.rs")]
+}
+
+/// A JSON object as a tool call's arguments.
+pub fn object(value: Value) -> Arguments {
+    Arguments::Object(value.as_object().unwrap().clone())
+}
+
 /// Set in the environment of the child process [`alone_in_a_process`] starts: the test it runs.
 const ALONE_VAR: &str = "PROMPTGEN_TEST_ALONE";
 
