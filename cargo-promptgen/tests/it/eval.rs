@@ -11,17 +11,16 @@
 //! resumes without running its finished trials again; `--chain`; a step whose dependency has
 //! no recorded output is refused with the fix.
 
-mod support;
-
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use promptgen_tests::{FakeLlm, Reply, Turn};
-use serde_json::{Value, json};
-use support::{
+use crate::support;
+use crate::support::{
     Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, run, snapshot, stderr, stdout,
     text,
 };
+use promptgen_tests::{FakeLlm, Reply, Turn};
+use serde_json::{Value, json};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

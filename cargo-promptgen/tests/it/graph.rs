@@ -7,14 +7,13 @@
 //! committed example lock, recorded before `after` existed, still fresh and byte-identical.
 //! Real binary, real `cargo` for one build, the fake LLM server on loopback.
 
-mod support;
-
 use std::path::Path;
 
+use crate::support;
+use crate::support::{Package, edit, finish, run, stderr, stdout, text, write};
 use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, Moment, RecordedRequest, Reply, Turn};
 use serde_json::json;
-use support::{Package, edit, finish, run, stderr, stdout, text, write};
 
 /// 01 -> {02, 03} -> 04. Each prompt carries a marker (`[[02]]`) that routes the fake server's
 /// replies to its step.

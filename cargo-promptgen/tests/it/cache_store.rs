@@ -4,10 +4,8 @@
 //! reviewed with `diff` against the cache and recorded with `accept`. Real binaries, real
 //! `cargo build`, the fake LLM server on loopback. (Against an S3 server: `s3_cache.rs`.)
 
-mod support;
-
+use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 use promptgen_tests::FakeLlm;
-use support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

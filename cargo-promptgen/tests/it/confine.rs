@@ -16,16 +16,15 @@
 //! On a machine without Landlock each test prints that confinement is not tested; the
 //! end-to-end ones then check that checks run unconfined after a warning.
 
-mod support;
-
 use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use crate::support;
+use crate::support::{Package, finish, run, stderr, text, write};
 use cargo_promptgen::__private::confine::{self, Policy, Toolchain, UNCONFINED_VAR};
 use promptgen_tests::{FakeLlm, RecordedRequest};
-use support::{Package, finish, run, stderr, text, write};
 
 /// This machine's Landlock ABI, or `None` after printing why there is none (the tests that
 /// need it then stop, and the end-to-end ones check the warning instead).

@@ -3,19 +3,18 @@
 //! round, a failed step's kept transcript, the live line in a pseudo-terminal, and `review`.
 //! Real binary, the fake LLM server on loopback; no `cargo build`.
 
-mod support;
-
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support;
+use crate::support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::config::{self, Overrides};
 use cargo_promptgen::__private::generate::{self, Destination};
 use cargo_promptgen::__private::layout::Layout;
 use codegen_core::Cancel;
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::json;
-use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 const TWO_STEPS: &str = r#"
 [package.metadata.promptgen]

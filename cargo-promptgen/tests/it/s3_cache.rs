@@ -8,17 +8,15 @@
 //! and resumed; a damaged object, in the bucket and in the local cache; wrong credentials; a
 //! dead endpoint. The model is the fake LLM server, on loopback too.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::cutting_proxy::CuttingProxy;
+use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::cache::{Cache, CacheUrl};
 use cargo_promptgen::__private::lock::{Lock, sha256_hex};
 use cargo_promptgen::__private::remote::Remote;
 use promptgen_tests::{FakeLlm, refused_url};
-use support::cutting_proxy::CuttingProxy;
-use support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 const WHY: &str = "needs an S3 server: run scripts/s3-cache.sh";
 

@@ -1,7 +1,5 @@
 //! Throwaway packages and a way to run the real `cargo-promptgen` binary and `cargo` on them.
 
-#![allow(dead_code)]
-
 pub mod cutting_proxy;
 
 use std::collections::BTreeMap;

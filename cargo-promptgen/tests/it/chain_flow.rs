@@ -3,10 +3,8 @@
 //! regenerates, `accept`, and `check` again. Real binaries, real `cargo build`, the fake LLM
 //! server on loopback.
 
-mod support;
-
+use crate::support::{Package, finish, run, text, write};
 use promptgen_tests::FakeLlm;
-use support::{Package, finish, run, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

@@ -3,13 +3,12 @@
 //! committed lock, and when that lock is stale the build fails naming the dependency, without
 //! a request to any model server.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::support;
+use crate::support::{Package, finish, run, shared_target, stderr, text, write};
 use promptgen_tests::FakeLlm;
-use support::{Package, finish, run, shared_target, stderr, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

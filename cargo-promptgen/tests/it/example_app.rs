@@ -5,11 +5,10 @@
 //! files and the transcripts come out byte for byte as committed: the committed record is
 //! what this chain produces.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
-use support::{run, snapshot, text};
+use crate::support;
+use crate::support::{run, snapshot, text};
 
 fn copy_dir(from: &Path, to: &Path) {
     for entry in walkdir::WalkDir::new(from) {

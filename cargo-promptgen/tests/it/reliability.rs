@@ -2,14 +2,12 @@
 //! middle of a step, two runs at once, a build and the subcommand at once, a damaged lock.
 //! Each test snapshots the package's files and compares them byte for byte.
 
-mod support;
-
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, Reply};
-use support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

@@ -11,17 +11,16 @@
 //! later steps own and checks it in full at the end; `seed_retries`; secrets in the
 //! environment never reach the model through a test's output.
 
-mod support;
-
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::lock::Lock;
-use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
-use support::{
+use crate::support;
+use crate::support::{
     Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, finish, run, snapshot, stderr,
     text, write,
 };
+use cargo_promptgen::__private::lock::Lock;
+use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]
