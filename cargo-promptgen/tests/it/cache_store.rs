@@ -4,8 +4,9 @@
 //! reviewed with `diff` against the cache and recorded with `accept`. Real binaries, real
 //! `cargo build`, the fake LLM server on loopback. (Against an S3 server: `s3_cache.rs`.)
 
-use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 use promptgen_tests::FakeLlm;
+
+use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

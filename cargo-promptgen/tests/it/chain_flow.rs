@@ -3,8 +3,9 @@
 //! regenerates, `accept`, and `check` again. Real binaries, real `cargo build`, the fake LLM
 //! server on loopback.
 
-use crate::support::{Package, finish, run, text, write};
 use promptgen_tests::FakeLlm;
+
+use crate::support::{Package, finish, run, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

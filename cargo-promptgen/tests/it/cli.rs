@@ -3,9 +3,10 @@
 //! errors, `check` on stray and hand-edited stored files, a CI build, and `accept` with
 //! nothing to do. Real binary, the fake LLM server on loopback; only one test runs `cargo build`.
 
+use promptgen_tests::{FakeLlm, Reply, refused_url};
+
 use crate::support;
 use crate::support::{Package, edit, finish, run, stderr, stdout, text, write};
-use promptgen_tests::{FakeLlm, Reply, refused_url};
 
 const THREE_STEPS: &str = r#"
 [package.metadata.promptgen]

@@ -5,11 +5,12 @@
 //! `check = "none"`, a changed check making a step stale, and the package's edition.
 //! Real binary, the fake LLM server on loopback; no `cargo build`.
 
-use crate::support;
-use crate::support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::lock::{Lock, LockedStep};
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::{Value, json};
+
+use crate::support;
+use crate::support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 fn check() -> Reply {
     Reply::turn(Turn::call("check", json!({})))

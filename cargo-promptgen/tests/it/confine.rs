@@ -21,10 +21,11 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support;
-use crate::support::{Package, finish, run, stderr, text, write};
 use cargo_promptgen::__private::confine::{self, Policy, Toolchain, UNCONFINED_VAR};
 use promptgen_tests::{FakeLlm, RecordedRequest};
+
+use crate::support;
+use crate::support::{Package, finish, run, stderr, text, write};
 
 /// This machine's Landlock ABI, or `None` after printing why there is none (the tests that
 /// need it then stop, and the end-to-end ones check the warning instead).

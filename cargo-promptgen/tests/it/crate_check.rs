@@ -14,13 +14,14 @@
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use cargo_promptgen::__private::lock::Lock;
+use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
+
 use crate::support;
 use crate::support::{
     Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, finish, run, snapshot, stderr,
     text, write,
 };
-use cargo_promptgen::__private::lock::Lock;
-use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

@@ -6,9 +6,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use promptgen_tests::FakeLlm;
+
 use crate::support;
 use crate::support::{Package, finish, run, shared_target, stderr, text, write};
-use promptgen_tests::FakeLlm;
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

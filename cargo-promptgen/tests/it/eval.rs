@@ -14,13 +14,14 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use promptgen_tests::{FakeLlm, Reply, Turn};
+use serde_json::{Value, json};
+
 use crate::support;
 use crate::support::{
     Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, run, snapshot, stderr, stdout,
     text,
 };
-use promptgen_tests::{FakeLlm, Reply, Turn};
-use serde_json::{Value, json};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

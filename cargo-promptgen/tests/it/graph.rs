@@ -9,11 +9,12 @@
 
 use std::path::Path;
 
-use crate::support;
-use crate::support::{Package, edit, finish, run, stderr, stdout, text, write};
 use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, Moment, RecordedRequest, Reply, Turn};
 use serde_json::json;
+
+use crate::support;
+use crate::support::{Package, edit, finish, run, stderr, stdout, text, write};
 
 /// 01 -> {02, 03} -> 04. Each prompt carries a marker (`[[02]]`) that routes the fake server's
 /// replies to its step.

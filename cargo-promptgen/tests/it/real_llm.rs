@@ -14,13 +14,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support;
-use crate::support::{Package, run, text};
 use codegen_core::backend::{BackendConfig, BackendError, BackendKind, ChatRequest, Progress};
 use codegen_core::chat::Message;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript, Volatility};
 use codegen_core::{Error, Observer, Step, StepFailure, StepOutput, ToolProtocol};
+
+use crate::support;
+use crate::support::{Package, run, text};
 
 const WHY: &str = "needs a real llama.cpp server: run scripts/real-llm.sh";
 

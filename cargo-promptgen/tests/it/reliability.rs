@@ -5,9 +5,10 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::lock::Lock;
 use promptgen_tests::{FakeLlm, Reply};
+
+use crate::support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 
 const METADATA: &str = r#"
 [package.metadata.promptgen]

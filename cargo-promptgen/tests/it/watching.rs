@@ -7,14 +7,15 @@ use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support;
-use crate::support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::config::{self, Overrides};
 use cargo_promptgen::__private::generate::{self, Destination};
 use cargo_promptgen::__private::layout::Layout;
 use codegen_core::Cancel;
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::json;
+
+use crate::support;
+use crate::support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 const TWO_STEPS: &str = r#"
 [package.metadata.promptgen]
