@@ -11,12 +11,13 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::support::cutting_proxy::CuttingProxy;
-use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 use cargo_promptgen::__private::cache::{Cache, CacheUrl};
 use cargo_promptgen::__private::lock::{Lock, sha256_hex};
 use cargo_promptgen::__private::remote::Remote;
 use promptgen_tests::{FakeLlm, refused_url};
+
+use crate::support::cutting_proxy::CuttingProxy;
+use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, unique_id, write};
 
 const WHY: &str = "needs an S3 server: run scripts/s3-cache.sh";
 
@@ -40,8 +41,7 @@ fn s3() -> S3 {
 
 /// A key prefix no other test uses.
 fn unique_prefix(name: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
+    format!("{name}-{}", unique_id())
 }
 
 impl S3 {

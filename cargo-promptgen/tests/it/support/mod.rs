@@ -26,7 +26,7 @@ impl Package {
     /// [`Package::new`] with `dependencies` (TOML lines) under `[dependencies]`.
     pub fn with_dependencies(metadata: &str, main_body: &str, dependencies: &str) -> Package {
         let dir = tempfile::Builder::new().prefix("pg-e2e-").tempdir().unwrap();
-        let name = format!("pg-e2e-{}", fastish_id());
+        let name = format!("pg-e2e-{}", unique_id());
         let promptgen = Path::new(env!("CARGO_MANIFEST_DIR"));
         let manifest = format!(
             r#"[package]
@@ -214,10 +214,16 @@ pub fn text(output: &Output) -> String {
     )
 }
 
-fn fastish_id() -> String {
+/// A name no other of these tests' packages (or S3 prefixes) has had, in this run or an
+/// earlier one: the shared target folder keeps pending areas and check folders by package
+/// name. The process and the time tell runs apart; a count tells apart the names made in one
+/// process, whose tests all run as its threads, even in the same nanosecond.
+pub fn unique_id() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
+    static MADE: AtomicUsize = AtomicUsize::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{}-{nanos}", std::process::id())
+    format!("{}-{nanos}-{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A scripted reply that writes `content` to `path`.
