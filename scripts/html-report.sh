@@ -41,8 +41,8 @@ need chromium chromium fonts-dejavu-core
 need tesseract tesseract-ocr
 
 # The chain and its page: the `html_report_page` test writes them where this says.
-PROMPTGEN_HTML_REPORT="$out/chain.html" cargo test --quiet -p cargo-promptgen --test watching -- \
-    --ignored --exact html_report_page
+PROMPTGEN_HTML_REPORT="$out/chain.html" cargo test --quiet -p cargo-promptgen --test it -- \
+    --ignored --exact watching::html_report_page
 test -s "$out/chain.html" || fail "the test wrote no page at $out/chain.html"
 
 shoot() {

@@ -236,7 +236,7 @@ run_suite() {
     PROMPTGEN_REAL_LLM_SERVER="$kind" PROMPTGEN_REAL_LLM_URL="$SERVER_URL/v1" \
         PROMPTGEN_REAL_LLM_SERVER_STATUS="$SERVER_STATUS" PROMPTGEN_REAL_LLM_SERVER_LOG="$SERVER_LOG" \
         PROMPTGEN_REAL_LLM_SERVE="bash $repo/scripts/real-llm.sh serve $kind" \
-        cargo test -p cargo-promptgen --test real_llm -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$out" \
+        cargo test -p cargo-promptgen --test it real_llm:: -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$out" \
         || status=$?
     local passed
     passed="$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$out" | tail -n 1 || true)"

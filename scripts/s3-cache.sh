@@ -2,7 +2,7 @@
 # The cache's S3 remote against a REAL S3-protocol server: moto's server (moto[server] from
 # PyPI) on loopback, with authentication on, so that wrong credentials are refused as S3 would.
 #
-#   bash scripts/s3-cache.sh          # install what is missing, run cargo-promptgen/tests/s3_cache.rs
+#   bash scripts/s3-cache.sh          # install what is missing, run cargo-promptgen/tests/it/s3_cache.rs
 #   bash scripts/s3-cache.sh bench    # the same server for `cargo bench -p cargo-promptgen -- cache`
 #
 # Everything lives under target/s3-cache/ and is reused by later runs:
@@ -106,7 +106,7 @@ fi
 
 out="$root/tests.log"
 status=0
-cargo test -p cargo-promptgen --test s3_cache -- --ignored --test-threads=1 2>&1 | tee "$out" || status=$?
+cargo test -p cargo-promptgen --test it s3_cache:: -- --ignored --test-threads=1 2>&1 | tee "$out" || status=$?
 [ "$status" -eq 0 ] || fail "the S3 cache suite failed (its log: $out; the server's: $log)"
 passed="$(grep -Eo 'test result: ok\. [0-9]+ passed' "$out" | tail -n 1 | grep -Eo '[0-9]+' | head -n 1 || true)"
 [ "${passed:-0}" -gt 0 ] || fail "no S3 cache test ran"

@@ -266,7 +266,7 @@ struct WireMessage<'a> {
     role: Role,
     /// Always a string, `""` for an assistant turn that only calls tools: OpenAI takes `null`
     /// there too, but llama-cpp-python's request validation rejects it with a 500 (seen
-    /// against a real server in `cargo-promptgen/tests/real_llm.rs`).
+    /// against a real server in `cargo-promptgen/tests/it/real_llm.rs`).
     content: &'a str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireCallOut<'a>>,

@@ -7,49 +7,32 @@
 //! committed example lock, recorded before `after` existed, still fresh and byte-identical.
 //! Real binary, real `cargo` for one build, the fake LLM server on loopback.
 
-mod support;
-
 use std::path::Path;
 
-use cargo_promptgen::__private::Lock;
 use promptgen_tests::{FakeLlm, Moment, RecordedRequest, Reply, Turn};
 use serde_json::json;
-use support::{Package, edit, finish, run, stderr, stdout, text, write};
 
-/// 01 -> {02, 03} -> 04. Each prompt carries a marker (`[[02]]`) that routes the fake server's
-/// replies to its step.
-const DIAMOND: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-check = "none"
+use crate::support;
+use crate::support::{
+    A, B, Package, copy_tree, edit, finish, last_message, lock_of, run, stderr, stdout, text, unseeded_chain,
+    with_step_keys, write,
+};
 
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
+/// 01 -> {02, 03} -> 04: four steps writing `outputs`, with `settings`, and step 04 holding
+/// `last` too.
+fn diamond_of(settings: &str, outputs: [&str; 4], last: &str) -> String {
+    let metadata = unseeded_chain(settings, &outputs);
+    let metadata = with_step_keys(&metadata, "02", "after = [\"01\"]\n");
+    let metadata = with_step_keys(&metadata, "03", "after = [\"01\"]\n");
+    with_step_keys(&metadata, "04", &format!("after = [\"02\", \"03\"]\n{last}"))
+}
 
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-after = ["01"]
+/// The diamond of a.rs, b.rs and c.rs (both using a) and d.rs (using both), unchecked. Each
+/// prompt carries a marker (`[[02]]`) that routes the fake server's replies to its step.
+fn diamond_chain() -> String {
+    diamond_of("check = \"none\"\n", ["a.rs", "b.rs", "c.rs", "d.rs"], "")
+}
 
-[[package.metadata.promptgen.steps]]
-id = "03"
-prompt = "prompts/03.md"
-outputs = ["c.rs"]
-after = ["01"]
-
-[[package.metadata.promptgen.steps]]
-id = "04"
-prompt = "prompts/04.md"
-outputs = ["d.rs"]
-after = ["02", "03"]
-"#;
-
-const A: &str = "pub fn a() -> &'static str { \"a\" }\n";
-const B: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
 const C: &str = "pub fn c() -> String { format!(\"{}c\", super::a::a()) }\n";
 const D: &str = "pub fn d() -> String { format!(\"{}+{}\", super::b::b(), super::c::c()) }\n";
 
@@ -74,10 +57,6 @@ fn promptgen(package: &Package, server: &FakeLlm, args: &[&str]) -> std::process
     run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()))
 }
 
-fn lock_of(package: &Package) -> Lock {
-    Lock::read(&package.path("promptgen.lock")).expect("the lock parses")
-}
-
 /// The indices of the requests of step `id`.
 fn requests_of(requests: &[RecordedRequest], id: &str) -> Vec<usize> {
     let marker = marker(id);
@@ -89,17 +68,6 @@ fn when(timeline: &[Moment], moment: Moment) -> usize {
     timeline.iter().position(|m| *m == moment).unwrap_or_else(|| panic!("{moment:?} is not in {timeline:?}"))
 }
 
-/// The text of the last message of a request (a tool's answer, after a tool call).
-fn last_message(request: &RecordedRequest) -> String {
-    let body = request.json();
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[test]
 fn a_diamond_runs_its_two_middle_steps_at_once_with_jobs_2_and_each_after_what_it_runs_after() {
     let server = FakeLlm::start(Vec::new());
@@ -109,7 +77,7 @@ fn a_diamond_runs_its_two_middle_steps_at_once_with_jobs_2_and_each_after_what_i
     server.route(&marker("02"), vec![write("b.rs", B).once_seen(&marker("03")), finish()]);
     server.route(&marker("03"), vec![write("c.rs", C).once_seen(&marker("02")), finish()]);
     route(&server, "04", "d.rs", D);
-    let package = diamond(DIAMOND);
+    let package = diamond(&diamond_chain());
 
     let out = promptgen(&package, &server, &["--jobs", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -160,7 +128,7 @@ fn a_step_sees_the_files_of_the_steps_it_runs_after_and_nothing_of_the_others() 
     let read_b = Reply::turn(Turn::call("read_file", json!({ "path": "b.rs" })));
     server.route(&marker("03"), vec![list(), read_b, write("c.rs", C), finish()]);
     server.route(&marker("04"), vec![list(), write("d.rs", D), finish()]);
-    let package = diamond(DIAMOND);
+    let package = diamond(&diamond_chain());
 
     // One at a time, in id order: 02 is recorded before 03 starts, and 03 still cannot see it.
     let out = promptgen(&package, &server, &["--jobs", "1"]);
@@ -184,7 +152,7 @@ fn an_edit_regenerates_the_step_and_its_dependents_only_and_status_check_and_gra
     for (id, file, content) in [("01", "a.rs", A), ("02", "b.rs", B), ("03", "c.rs", C), ("04", "d.rs", D)] {
         route(&server, id, file, content);
     }
-    let package = diamond(DIAMOND);
+    let package = diamond(&diamond_chain());
     let out = promptgen(&package, &server, &["--jobs", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
@@ -263,7 +231,7 @@ fn a_failing_step_stops_the_steps_after_it_and_not_the_steps_independent_of_it()
     route(&server, "01", "a.rs", A);
     server.route(&marker("02"), vec![Reply::error(400, "the model refused")]);
     route(&server, "03", "c.rs", C);
-    let package = diamond(DIAMOND);
+    let package = diamond(&diamond_chain());
     let out = promptgen(&package, &server, &["--jobs", "2"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = stderr(&out);
@@ -305,7 +273,7 @@ fn place(package: &Package, needle: &str, nth: usize, skip: usize) -> String {
 
 #[test]
 fn every_mistake_in_after_is_named_with_its_place_and_the_steps_involved() {
-    let cycle = DIAMOND
+    let cycle = diamond_chain()
         .replacen("outputs = [\"a.rs\"]\n", "outputs = [\"a.rs\"]\nafter = [\"03\"]\n", 1)
         .replacen("outputs = [\"b.rs\"]\nafter = [\"01\"]\n", "outputs = [\"b.rs\"]\n", 1)
         .replacen("outputs = [\"c.rs\"]\nafter = [\"01\"]\n", "outputs = [\"c.rs\"]\nafter = [\"02\"]\n", 1);
@@ -313,7 +281,7 @@ fn every_mistake_in_after_is_named_with_its_place_and_the_steps_involved() {
     let cases: Vec<Mistake> = vec![
         (
             "an unknown id",
-            DIAMOND.replacen("after = [\"01\"]", "after = [\"09\"]", 1),
+            diamond_chain().replacen("after = [\"01\"]", "after = [\"09\"]", 1),
             ("\"09\"", 0, 0),
             vec![
                 "`package.metadata.promptgen.steps[1].after[0]`",
@@ -322,7 +290,7 @@ fn every_mistake_in_after_is_named_with_its_place_and_the_steps_involved() {
         ),
         (
             "a step after itself",
-            DIAMOND.replacen("after = [\"01\"]", "after = [\"02\"]", 1),
+            diamond_chain().replacen("after = [\"01\"]", "after = [\"02\"]", 1),
             ("after = [\"02\"]", 0, 9),
             vec!["`package.metadata.promptgen.steps[1].after[0]`", "step `02` names itself in `after`"],
         ),
@@ -338,7 +306,7 @@ fn every_mistake_in_after_is_named_with_its_place_and_the_steps_involved() {
         ),
         (
             "two independent steps with one output",
-            DIAMOND.replacen("outputs = [\"c.rs\"]", "outputs = [\"b.rs\"]", 1),
+            diamond_chain().replacen("outputs = [\"c.rs\"]", "outputs = [\"b.rs\"]", 1),
             ("\"b.rs\"", 1, 0),
             vec![
                 "`package.metadata.promptgen.steps[2].outputs[0]`",
@@ -348,7 +316,7 @@ fn every_mistake_in_after_is_named_with_its_place_and_the_steps_involved() {
         ),
         (
             "jobs = 0",
-            DIAMOND.replacen("check = \"none\"", "check = \"none\"\njobs = 0", 1),
+            diamond_chain().replacen("check = \"none\"", "check = \"none\"\njobs = 0", 1),
             ("jobs = 0", 0, 7),
             vec!["`package.metadata.promptgen.jobs` = 0 is not allowed: expected a positive integer"],
         ),
@@ -366,7 +334,7 @@ fn every_mistake_in_after_is_named_with_its_place_and_the_steps_involved() {
         }
     }
     // The variable is checked as the key is.
-    let package = diamond(DIAMOND);
+    let package = diamond(&diamond_chain());
     let out = run(package.promptgen(&["check"]).env("PROMPTGEN_JOBS", "many"));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(stderr(&out).contains("PROMPTGEN_JOBS=\"many\" is not allowed"), "{}", text(&out));
@@ -381,9 +349,8 @@ fn workspace() -> (Package, [String; 2]) {
         root.write(
             &format!("{member}/Cargo.toml"),
             &format!(
-                "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n\
-                 [package.metadata.promptgen]\nbackend = \"ollama\"\nmodel = \"fake-coder\"\ncheck = \"none\"\n\n\
-                 [[package.metadata.promptgen.steps]]\nid = \"01\"\nprompt = \"prompts/01.md\"\noutputs = [\"{member}.rs\"]\n"
+                "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n{}",
+                unseeded_chain("check = \"none\"\n", &[&format!("{member}.rs")])
             ),
         );
         root.write(&format!("{member}/src/lib.rs"), "");
@@ -521,52 +488,13 @@ fn a_lock_recorded_before_after_existed_stays_fresh_and_byte_identical() {
     assert_eq!(again, committed, "the same steps record the same lock, byte for byte");
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// A crate as users have them: serde and serde_json from crates.io, a hand-written
 /// `domain.rs` the generated code uses, and tests in `main.rs` that use the generated code.
 /// 01 turns a user into JSON; 02 (a description) and 03 (a greeting) build on it, not on each
 /// other; 04 joins them and must pass the crate's tests.
-const CRATE_CHAIN: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["user_json.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["describe.rs"]
-after = ["01"]
-
-[[package.metadata.promptgen.steps]]
-id = "03"
-prompt = "prompts/03.md"
-outputs = ["greeting.rs"]
-after = ["01"]
-
-[[package.metadata.promptgen.steps]]
-id = "04"
-prompt = "prompts/04.md"
-outputs = ["report.rs"]
-after = ["02", "03"]
-check = "cargo test"
-"#;
+fn crate_chain() -> String {
+    diamond_of("", ["user_json.rs", "describe.rs", "greeting.rs", "report.rs"], "check = \"cargo test\"\n")
+}
 
 const CRATE_MAIN: &str = r##"mod domain;
 
@@ -601,9 +529,9 @@ const DESCRIBE: &str = "use crate::domain::User;\n\npub fn describe(user: &User)
 const GREETING: &str = "use crate::domain::User;\n\npub fn greet(user: &User) -> String {\n    format!(\"Hello, {}! {}\", user.name, super::user_json::to_json(user))\n}\n";
 const REPORT: &str = "use crate::domain::User;\n\npub fn report(user: &User) -> String {\n    format!(\"{}\\n{}\", super::describe::describe(user), super::greeting::greet(user))\n}\n";
 
-/// The crate of [`CRATE_CHAIN`], resolving its dependencies offline from the workspace's lock.
+/// The crate of [`crate_chain`], resolving its dependencies offline from the workspace's lock.
 fn real_crate() -> Package {
-    let package = Package::realistic(CRATE_CHAIN, CRATE_MAIN);
+    let package = Package::realistic(&crate_chain(), CRATE_MAIN);
     for (id, what) in [
         ("01", "user_json.rs: to_json for crate::domain::User"),
         ("02", "describe.rs: describe a User, with its JSON"),

@@ -8,8 +8,6 @@
 //! and resumed; a damaged object, in the bucket and in the local cache; wrong credentials; a
 //! dead endpoint. The model is the fake LLM server, on loopback too.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 
@@ -17,8 +15,9 @@ use cargo_promptgen::__private::remote::Remote;
 use cargo_promptgen::__private::{Cache, CacheUrl};
 use cargo_promptgen::__private::{Lock, sha256_hex};
 use promptgen_tests::{FakeLlm, refused_url};
-use support::cutting_proxy::CuttingProxy;
-use support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
+
+use crate::support::cutting_proxy::CuttingProxy;
+use crate::support::{Package, edit, finish, run, snapshot, stderr, stdout, text, unique_id, write};
 
 const WHY: &str = "needs an S3 server: run scripts/s3-cache.sh";
 
@@ -42,8 +41,7 @@ fn s3() -> S3 {
 
 /// A key prefix no other test uses.
 fn unique_prefix(name: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
+    format!("{name}-{}", unique_id())
 }
 
 impl S3 {

@@ -12,12 +12,11 @@ use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};
 use serde_json::{Value, json};
 
+use crate::support::base_url;
+
 fn backend(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
     let mut config = BackendConfig::new(kind);
-    config.base_url = Some(match kind {
-        BackendKind::OpenAi => format!("{}/v1", server.url()),
-        _ => server.url(),
-    });
+    config.base_url = Some(base_url(kind, server));
     config.http = HttpConfig {
         connect_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_secs(5),

@@ -2,53 +2,21 @@
 //! middle of a step, two runs at once, a build and the subcommand at once, a damaged lock.
 //! Each test snapshots the package's files and compares them byte for byte.
 
-mod support;
-
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::Lock;
 use promptgen_tests::{FakeLlm, Reply};
-use support::{Package, changes, finish, run, snapshot, stderr, stdout, text, write};
 
-const METADATA: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "03"
-prompt = "prompts/03.md"
-outputs = ["c.rs"]
-"#;
-
-const A1: &str = "pub fn a() -> &'static str { \"a1\" }\n";
-const A2: &str = "pub fn a() -> &'static str { \"a2\" }\n";
-const B: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
-const C: &str = "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n";
+use crate::support::{
+    A1, A2, B, C, Package, chain, changes, finish, lock_of, run, snapshot, stderr, stdout, text, write,
+};
 
 fn one_run(a: &str) -> Vec<Reply> {
     vec![write("a.rs", a), finish(), write("b.rs", B), finish(), write("c.rs", C), finish()]
 }
 
 fn package() -> Package {
-    let package = Package::new(METADATA, "println!(\"{}\", generated::c::c());");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
-    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
-    package
+    Package::lettered(&chain("", &["a.rs", "b.rs", "c.rs"]), 3)
 }
 
 /// A package whose three steps are recorded against `server` (which must hold one run).
@@ -57,10 +25,6 @@ fn recorded_package(server: &FakeLlm) -> Package {
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     package
-}
-
-fn lock_of(package: &Package) -> Lock {
-    Lock::read(&package.path("promptgen.lock")).expect("the lock parses")
 }
 
 /// Names in `promptgen/` that are not dot-files: what a user sees and may commit.

@@ -11,62 +11,29 @@
 //! later steps own and checks it in full at the end; `seed_retries`; secrets in the
 //! environment never reach the model through a test's output.
 
-mod support;
-
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_promptgen::__private::Lock;
-use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
-use support::{
-    Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, finish, run, snapshot, stderr,
-    text, write,
+use promptgen_tests::{FakeLlm, Reply, Turn};
+
+use crate::support;
+use crate::support::{
+    A, B, Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, finish, last_message,
+    lock_of, promptgen_offline, run, snapshot, stderr, text, unseeded_chain, with_step_keys, write,
 };
 
-const METADATA: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 7
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["user_json.rs"]
-"#;
-
 /// A package with serde and serde_json, `src/domain.rs` and a `main.rs` with tests that use
-/// the generated module; `metadata` changed by `edit` first. It resolves its dependencies from
-/// the workspace's lock file, offline.
+/// the generated module; its one step's metadata (seed 7) changed by `edit` first. It resolves
+/// its dependencies from the workspace's lock file, offline.
 fn package(edit: impl Fn(&str) -> String) -> Package {
-    let package = Package::realistic(&edit(METADATA), USER_JSON_MAIN);
-    package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
-    package
-}
-
-fn last_message(request: &RecordedRequest) -> String {
-    let body = request.json();
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn lock_of(package: &Package) -> Lock {
-    Lock::read(&package.path("promptgen.lock")).expect("the lock parses")
-}
-
-fn promptgen(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
-    run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()).env("CARGO_NET_OFFLINE", "true"))
+    Package::user_json(&edit(&unseeded_chain("seed = 7\n", &["user_json.rs"])))
 }
 
 #[test]
 fn correct_code_that_uses_the_crate_and_its_dependencies_passes_the_default_check_first_time() {
     let server = FakeLlm::start(vec![write("user_json.rs", USER_JSON_GOOD), finish()]);
     let package = package(|m| m.to_string());
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 2, "{}", text(&out));
     let step = lock_of(&package).steps[0].clone();
@@ -89,7 +56,7 @@ fn a_mistake_only_the_crate_shows_reaches_the_model_with_the_compilers_message_a
         finish(),
     ]);
     let package = package(|m| m.to_string());
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 5, "{}", text(&out));
     let refusal = last_message(&server.requests()[2]);
@@ -118,7 +85,7 @@ fn under_cargo_test_a_failing_hand_written_test_reaches_the_model_by_name_and_th
         finish(),
     ]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\n"));
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 4, "{}", text(&out));
     let refusal = last_message(&server.requests()[2]);
@@ -148,7 +115,7 @@ fn silence_after_a_refused_finish_fails_the_step_and_records_nothing() {
     ]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck_rounds = 2\n"));
     let before = snapshot(package.dir.path());
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_eq!(server.requests().len(), 4, "{}", text(&out));
     let told = last_message(&server.requests()[3]);
@@ -200,42 +167,22 @@ fn an_online_build_that_regenerates_runs_its_crate_check_without_deadlock() {
     assert!(!package.path("promptgen.lock").exists(), "a build never writes the package");
 }
 
-const TWO_STEPS_FROM_NOTHING: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-check = "cargo test"
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-"#;
-
 /// `main.rs` uses both steps' modules, and its test checks step 01's `a`: nothing compiles
 /// until step 02 has written `b.rs`.
 const MAIN_OF_TWO: &str = "#[allow(dead_code)]\nmod generated {\n    include!(concat!(env!(\"OUT_DIR\"), \"/promptgen.rs\"));\n}\n\nfn main() {\n    println!(\"{}\", generated::b::b());\n}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn a_says_a() {\n        assert_eq!(super::generated::a::a(), \"a\");\n    }\n}\n";
 
 fn two_step_package() -> Package {
-    let package = Package::new(TWO_STEPS_FROM_NOTHING, "");
+    let metadata = with_step_keys(&unseeded_chain("", &["a.rs", "b.rs"]), "01", "check = \"cargo test\"\n");
+    let package = Package::lettered(&metadata, 2);
     package.write("src/main.rs", MAIN_OF_TWO);
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
     package
 }
 
 #[test]
 fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at_the_end() {
-    let a = "pub fn a() -> &'static str { \"a\" }\n";
-    let b = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
-    let server = FakeLlm::start(vec![write("a.rs", a), finish(), write("b.rs", b), finish()]);
+    let server = FakeLlm::start(vec![write("a.rs", A), finish(), write("b.rs", B), finish()]);
     let package = two_step_package();
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 4, "step 01 is not blamed for `b`: {}", text(&out));
     let err = stderr(&out);
@@ -249,9 +196,9 @@ fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at
     server.push(finish());
     std::fs::remove_file(package.path("promptgen.lock")).unwrap();
     std::fs::remove_dir_all(package.path("promptgen")).unwrap();
-    server.push(write("b.rs", b));
+    server.push(write("b.rs", B));
     server.push(finish());
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = stderr(&out);
     for phrase in [
@@ -264,11 +211,11 @@ fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at
     // With the chain complete, running the step again gives the model the failing test.
     server.push(write("a.rs", wrong));
     server.push(finish());
-    server.push(write("a.rs", a));
+    server.push(write("a.rs", A));
     server.push(finish());
-    server.push(write("b.rs", b));
+    server.push(write("b.rs", B));
     server.push(finish());
-    let out = promptgen(&package, &server, &["--step", "01"]);
+    let out = promptgen_offline(&package, &server, &["--step", "01"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let requests = server.requests();
     let told = last_message(&requests[requests.len() - 4]);
@@ -284,7 +231,7 @@ fn seed_retries_run_a_failed_step_again_with_the_next_seed_and_record_the_seed_t
         finish(),
     ]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck_rounds = 0\nseed_retries = 2\n"));
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let seeds: Vec<serde_json::Value> = server.requests().iter().map(|r| r.json()["options"]["seed"].clone()).collect();
     assert_eq!(seeds, [7, 7, 8, 8], "the second run uses the next seed");
@@ -345,7 +292,7 @@ fn ctrl_c_during_a_crate_check_kills_the_check_with_its_test_binary_and_records_
     use std::io::Read;
     let server = FakeLlm::start(vec![write("user_json.rs", USER_JSON_GOOD), finish()]);
     let package = package(|m| m.replace("seed = 7\n", "seed = 7\ncheck = \"cargo test\"\n"));
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
     // A hand-written test that says who it is, then sleeps; and a prompt edited, so step 01 runs.
@@ -451,7 +398,7 @@ fn compile_time_reads_of_secrets_are_refused_under_every_check() {
             attempts.iter().map(|code| write("user_json.rs", &format!("{code}{honest}"))).collect();
         script.extend([write("user_json.rs", honest), finish()]);
         let server = FakeLlm::start(script);
-        let out = promptgen(&package, &server, &[]);
+        let out = promptgen_offline(&package, &server, &[]);
         assert_eq!(out.status.code(), Some(0), "{check}: {}", text(&out));
         let requests = server.requests();
         assert_eq!(requests.len(), attempts.len() + 2, "{check}: {}", text(&out));

@@ -3,24 +3,13 @@
 //! committed lock, and when that lock is stale the build fails naming the dependency, without
 //! a request to any model server.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 
 use promptgen_tests::FakeLlm;
-use support::{Package, finish, run, shared_target, stderr, text, write};
 
-const METADATA: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["greet.rs"]
-"#;
+use crate::support;
+use crate::support::{Package, finish, run, shared_target, stderr, text, unseeded_chain, write};
 
 fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
@@ -37,7 +26,7 @@ fn a_git_dependency_whose_lock_is_stale_fails_the_build_naming_it_and_calls_no_m
     let server = FakeLlm::start(vec![write("greet.rs", "pub fn greet() -> &'static str { \"hi\" }\n"), finish()]);
 
     // The dependency: a library whose prompt chain was never recorded (no lock).
-    let dependency = Package::new(METADATA, "");
+    let dependency = Package::new(&unseeded_chain("", &["greet.rs"]), "");
     std::fs::remove_file(dependency.path("src/main.rs")).unwrap();
     dependency.write("src/lib.rs", "include!(concat!(env!(\"OUT_DIR\"), \"/promptgen.rs\"));\n");
     dependency.write("prompts/01.md", "Write greet.rs with `pub fn greet() -> &'static str`.\n");

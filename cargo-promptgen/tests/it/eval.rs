@@ -11,16 +11,16 @@
 //! resumes without running its finished trials again; `--chain`; a step whose dependency has
 //! no recorded output is refused with the fix.
 
-mod support;
-
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::{Value, json};
-use support::{
-    Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, run, snapshot, stderr, stdout,
-    text,
+
+use crate::support;
+use crate::support::{
+    Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, pending_dir, promptgen_offline,
+    snapshot, stderr, stdout, text,
 };
 
 const METADATA: &str = r#"
@@ -86,14 +86,9 @@ fn server() -> FakeLlm {
 }
 
 fn package(metadata: &str) -> Package {
-    let package = Package::realistic(metadata, USER_JSON_MAIN);
-    package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
+    let package = Package::user_json(metadata);
     package.write("prompts/02.md", "Write greeting.rs: greet(user) using user_json::describe.\n");
     package
-}
-
-fn promptgen(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
-    run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()).env("CARGO_NET_OFFLINE", "true"))
 }
 
 fn json_of(out: &Output) -> Value {
@@ -109,21 +104,17 @@ fn row<'a>(summary: &'a Value, step: &str, model: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row {step} · {model} in {summary:#}"))
 }
 
-fn pending_dir(package: &Package) -> std::path::PathBuf {
-    support::shared_target().join("promptgen/pending").join(&package.name)
-}
-
 #[test]
 fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     let server = server();
     let package = package(METADATA);
     // Record the chain once (seed 10 writes good code), as a team would have it.
-    let out = promptgen(&package, &server, &[]);
+    let out = promptgen_offline(&package, &server, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let recorded_requests = server.requests().len();
     let before = snapshot(package.dir.path());
 
-    let out = promptgen(
+    let out = promptgen_offline(
         &package,
         &server,
         &["eval", "--step", "01", "--model", "good-coder", "--model", "bad-coder", "--format", "json"],
@@ -179,7 +170,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     assert_eq!(trials.lines().count(), 10, "{trials}");
     assert!(run_dir.join("transcripts/01.m0.s12.jsonl").is_file());
     assert_eq!(std::fs::read_to_string(run_dir.join("trees/01.m0.s13/user_json.rs")).unwrap(), USER_JSON_WRONG);
-    let out = promptgen(&package, &server, &["log", "--eval", &run, "01.m0.s12", "--color", "never"]);
+    let out = promptgen_offline(&package, &server, &["log", "--eval", &run, "01.m0.s12", "--color", "never"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let log = stdout(&out);
     for phrase in ["step 01.m0.s12 · failed", "good-coder · native protocol · seed 12", "error[E0609]: no field `nmae`"]
@@ -194,7 +185,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     // The table for people, and the same numbers again from the records without a trial
     // (`--resume` of a finished run runs nothing).
     let requests = server.requests().len();
-    let out = promptgen(&package, &server, &["eval", "--resume", &run, "--format", "md"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run, "--format", "md"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), requests, "a finished run has nothing left to run");
     let md = stdout(&out);
@@ -202,13 +193,13 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     assert!(md.contains("| 01 | good-coder | 5 | 4/5 | 3/5 | 60% | 23%–88% | 0.10 (k=3) | 3 |"), "{md}");
     assert!(md.contains("| 01 | bad-coder | 5 | 0/5 | 0/5 | 0% | 0%–43% |"), "{md}");
     assert!(md.contains("- 01 · bad-coder: no finish (5)"), "{md}");
-    let out = promptgen(&package, &server, &["eval", "--resume", &run, "--format", "junit"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run, "--format", "junit"]);
     let junit = stdout(&out);
     assert!(junit.contains("<testsuite name=\"step 01 · good-coder\" tests=\"5\" failures=\"2\">"), "{junit}");
     assert!(junit.contains("<failure message=\"compiler error E0609\">"), "{junit}");
 
     // Thresholds: a flag, per step × model and never on an average.
-    let out = promptgen(&package, &server, &["eval", "--resume", &run, "--min-pass-rate", "0.5"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run, "--min-pass-rate", "0.5"]);
     assert_eq!(out.status.code(), Some(1), "bad-coder is below 50 %: {}", text(&out));
     let err = stderr(&out);
     assert!(
@@ -224,10 +215,10 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
         "Cargo.toml",
         &format!("{manifest}\n[package.metadata.promptgen.eval]\nmin_pass_rate = 0.9\nsteps = {{ \"01\" = 0.0 }}\n"),
     );
-    let out = promptgen(&package, &server, &["eval", "--resume", &run]);
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run]);
     assert_eq!(out.status.code(), Some(0), "step 01's own threshold is 0: {}", text(&out));
     package.write("Cargo.toml", &format!("{manifest}\n[package.metadata.promptgen.eval]\nmin_pass_rate = 0.6\n"));
-    let out = promptgen(&package, &server, &["eval", "--resume", &run]);
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(stderr(&out).contains("model `bad-coder` passed 0 of 5"), "{}", text(&out));
     assert!(!stderr(&out).contains("model `good-coder` passed"), "60 % meets 0.6: {}", text(&out));
@@ -238,7 +229,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
     // and bad-coder's trials, which never asked to finish, keep their outcome.
     package.write("src/main.rs", &USER_JSON_MAIN.replace("\"Ada (36)\"", "generated::user_json::describe(&ada())"));
     let requests = server.requests().len();
-    let out = promptgen(&package, &server, &["eval", "--replay", &run, "--format", "json"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--replay", &run, "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), requests, "--replay calls no model");
     let replayed = json_of(&out);
@@ -252,7 +243,7 @@ fn two_models_five_seeds_exact_counts_thresholds_and_nothing_recorded() {
 
     // --chain: each trial runs 01 then 02 on what 01 wrote in the same trial.
     let requests = server.requests().len();
-    let out = promptgen(&package, &server, &["eval", "--chain", "--seeds", "2", "--format", "json"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--chain", "--seeds", "2", "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let chained = json_of(&out);
     for step in ["01", "02", "chain"] {
@@ -273,7 +264,7 @@ fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
     let package = package(METADATA);
 
     // Nothing is recorded yet: step 02 has nothing to start from, and says what to do.
-    let out = promptgen(&package, &server, &["eval", "--step", "02"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--step", "02"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = stderr(&out);
     assert!(err.contains("step `02` runs after step `01`, which has no recorded output"), "{err}");
@@ -316,7 +307,7 @@ fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
     let finished_seeds: Vec<u64> = done.iter().map(|t| t["seed"].as_u64().unwrap()).collect();
 
     let requests = server.requests().len();
-    let out = promptgen(&package, &server, &["eval", "--resume", "--format", "json"]);
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let summary = json_of(&out);
     assert_eq!(row(&summary, "01", "bad-coder")["trials"], 6, "{summary:#}");
@@ -329,7 +320,7 @@ fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
     }
 
     // Seeds mean little at temperature 0 on Ollama: the run says so.
-    let out = promptgen(
+    let out = promptgen_offline(
         &package,
         &server,
         &["eval", "--step", "01", "--model", "bad-coder", "--seeds", "2", "--temperature", "0"],
@@ -342,7 +333,7 @@ fn an_interrupted_run_resumes_without_running_its_finished_trials_again() {
     );
 
     // ... and at temperature 0 on an OpenAI-compatible server, which decodes greedily.
-    let out = promptgen(
+    let out = promptgen_offline(
         &package,
         &server,
         &["eval", "--step", "01", "--model", "bad-coder", "--seeds", "2", "--temperature", "0", "--backend", "openai"],
@@ -372,7 +363,7 @@ fn values_out_of_range_are_usage_errors_before_any_trial() {
         (["--seeds", "0"], "--seeds <N>"),
         (["--k", "0"], "--k <K>"),
     ] {
-        let out = promptgen(&package, &server, &[&["eval", "--step", "01"][..], &args[..]].concat());
+        let out = promptgen_offline(&package, &server, &[&["eval", "--step", "01"][..], &args[..]].concat());
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
         assert!(stderr(&out).contains(says), "{args:?}: {}", text(&out));
     }

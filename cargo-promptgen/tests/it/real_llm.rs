@@ -10,8 +10,6 @@
 //! lock alone. A server that dies while they run is reported as a death (its signal and its
 //! log's tail), never as a connection error.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,7 +19,9 @@ use codegen_core::chat::Message;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript, Volatility};
 use codegen_core::{Error, Observer, Step, StepFailure, StepOutput, ToolProtocol};
-use support::{Package, run, text};
+
+use crate::support;
+use crate::support::{Package, run, text};
 
 const WHY: &str = "needs a real llama.cpp server: run scripts/real-llm.sh";
 

@@ -4,41 +4,16 @@
 //! reviewed with `diff` against the cache and recorded with `accept`. Real binaries, real
 //! `cargo build`, the fake LLM server on loopback. (Against an S3 server: `s3_cache.rs`.)
 
-mod support;
-
 use promptgen_tests::FakeLlm;
-use support::{Package, edit, finish, run, snapshot, stderr, stdout, text, write};
 
-const METADATA: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-"#;
-
-const A: &str = "pub fn a() -> &'static str { \"a\" }\n";
-const B1: &str = "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n";
-const B2: &str = "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n";
+use crate::support::{A, B1, B2, Package, chain, edit, finish, run, snapshot, stderr, stdout, text, write};
 
 /// A two-step package recorded in the repo store against `server`, and its own cache folder.
 fn recorded(server: &FakeLlm) -> (Package, tempfile::TempDir) {
     for reply in [write("a.rs", A), finish(), write("b.rs", B1), finish()] {
         server.push(reply);
     }
-    let package = Package::new(METADATA, "println!(\"{}\", generated::b::b());");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
+    let package = Package::lettered(&chain("", &["a.rs", "b.rs"]), 2);
     let cache = tempfile::Builder::new().prefix("pg-cache-").tempdir().unwrap();
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

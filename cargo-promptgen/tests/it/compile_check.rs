@@ -5,22 +5,17 @@
 //! `check = "none"`, a changed check making a step stale, and the package's edition.
 //! Real binary, the fake LLM server on loopback; no `cargo build`.
 
-mod support;
-
-use cargo_promptgen::__private::{Lock, LockedStep};
+use cargo_promptgen::__private::LockedStep;
 use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::{Value, json};
-use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
+
+use crate::support::{
+    A, A_BROKEN, A2, B, Package, assert_fresh, assert_stale, chain, changes, edit, finish, last_message, lock_of,
+    pending_dir, run, snapshot, stderr, text, with_step_keys, write,
+};
 
 fn check() -> Reply {
     Reply::turn(Turn::call("check", json!({})))
-}
-
-/// The content of the last message a request sent: what the model was told last.
-fn last_message(request: &RecordedRequest) -> String {
-    let body = request.json();
-    let messages = body["messages"].as_array().unwrap_or_else(|| panic!("no messages in {body}"));
-    messages.last().and_then(|m| m["content"].as_str()).unwrap_or_default().to_string()
 }
 
 /// The names of the tools a request offered.
@@ -34,10 +29,6 @@ fn tool_names(request: &RecordedRequest) -> Vec<String> {
 
 fn system_prompt(request: &RecordedRequest) -> String {
     request.json()["messages"][0]["content"].as_str().unwrap_or_default().to_string()
-}
-
-fn lock_of(package: &Package) -> Lock {
-    Lock::read(&package.path("promptgen.lock")).expect("the lock parses")
 }
 
 fn entry(package: &Package, id: &str) -> LockedStep {
@@ -61,46 +52,14 @@ fn check_events(package: &Package, id: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Where a build of `package` would leave results for `accept`.
-fn pending_dir(package: &Package) -> std::path::PathBuf {
-    support::shared_target().join("promptgen/pending").join(&package.name)
-}
-
-const A1: &str = "pub fn a() -> &'static str { \"a\" }\n";
-const A2: &str = "pub fn a() -> &'static str { \"a2\" }\n";
-/// Does not compile: `a` no longer returns what it says.
-const A_BROKEN: &str = "pub fn a() -> &'static str { 42 }\n";
-const B: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
 /// E0308: a `&str` where a `String` is expected.
 const B_MISMATCH: &str = "pub fn b() -> String { \"b\" }\n";
 /// E0425: a function that does not exist.
 const B_UNRESOLVED: &str = "pub fn b() -> String { no_such_function() }\n";
 
-const TWO_STEPS: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-check = "rustc"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-"#;
-
-/// A two-step package (a.rs, then b.rs using it), nothing recorded yet.
-fn two_step_package(metadata: &str) -> Package {
-    let package = Package::new(metadata, "println!(\"{}\", generated::b::b());");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
-    package
+/// Two steps checked by `rustc`: a.rs, then b.rs using it.
+fn two_steps() -> String {
+    chain("check = \"rustc\"\n", &["a.rs", "b.rs"])
 }
 
 /// The `i`th request the server received.
@@ -112,14 +71,14 @@ fn request(server: &FakeLlm, i: usize) -> RecordedRequest {
 #[test]
 fn rustc_diagnostics_go_back_to_the_model_and_the_repaired_file_is_recorded() {
     let server = FakeLlm::start(vec![
-        write("a.rs", A1),
+        write("a.rs", A),
         finish(),
         write("b.rs", B_MISMATCH),
         finish(),
         write("b.rs", B),
         finish(),
     ]);
-    let package = two_step_package(TWO_STEPS);
+    let package = Package::lettered(&two_steps(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 6, "{}", text(&out));
@@ -157,30 +116,10 @@ fn rustc_diagnostics_go_back_to_the_model_and_the_repaired_file_is_recorded() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
-const TWO_STEPS_ONE_ROUND: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-check = "rustc"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-check_rounds = 1
-"#;
-
 #[test]
 fn a_model_that_never_fixes_its_code_fails_the_step_and_changes_nothing() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B), finish()]);
-    let package = two_step_package(TWO_STEPS_ONE_ROUND);
+    let server = FakeLlm::start(vec![write("a.rs", A), finish(), write("b.rs", B), finish()]);
+    let package = Package::lettered(&with_step_keys(&two_steps(), "02", "check_rounds = 1\n"), 2);
     let url = server.url();
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -217,7 +156,7 @@ fn a_model_that_never_fixes_its_code_fails_the_step_and_changes_nothing() {
 #[test]
 fn a_later_step_that_breaks_an_earlier_file_is_refused_until_it_restores_it() {
     let server = FakeLlm::start(vec![
-        write("a.rs", A1),
+        write("a.rs", A),
         finish(),
         write("a.rs", A_BROKEN),
         write("b.rs", B),
@@ -225,7 +164,7 @@ fn a_later_step_that_breaks_an_earlier_file_is_refused_until_it_restores_it() {
         write("a.rs", A2),
         finish(),
     ]);
-    let package = two_step_package(TWO_STEPS);
+    let package = Package::lettered(&two_steps(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 7, "{}", text(&out));
@@ -242,7 +181,7 @@ fn a_later_step_that_breaks_an_earlier_file_is_refused_until_it_restores_it() {
     assert_eq!(recorded_paths(&lock), ["a.rs", "b.rs"], "{lock:?}");
     assert_eq!(package.read("promptgen/02/a.rs"), A2);
     assert_eq!(package.read("promptgen/02/b.rs"), B);
-    assert_eq!(package.read("promptgen/01/a.rs"), A1, "step 01's record is its own");
+    assert_eq!(package.read("promptgen/01/a.rs"), A, "step 01's record is its own");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
@@ -250,7 +189,7 @@ fn a_later_step_that_breaks_an_earlier_file_is_refused_until_it_restores_it() {
 #[test]
 fn the_models_own_check_calls_are_answered_and_are_not_repair_rounds() {
     let server = FakeLlm::start(vec![
-        write("a.rs", A1),
+        write("a.rs", A),
         finish(),
         write("b.rs", B_MISMATCH),
         check(),
@@ -258,7 +197,7 @@ fn the_models_own_check_calls_are_answered_and_are_not_repair_rounds() {
         check(),
         finish(),
     ]);
-    let package = two_step_package(TWO_STEPS);
+    let package = Package::lettered(&two_steps(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 7, "{}", text(&out));
@@ -283,25 +222,12 @@ fn the_models_own_check_calls_are_answered_and_are_not_repair_rounds() {
     assert_eq!(asked, [(true, true), (true, false), (false, false)]);
 }
 
-const NOTES_CHECK: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["notes.txt"]
-check = ["sh", "-c", 'grep -q ok "$PROMPTGEN_TREE/notes.txt" || { echo "notes.txt must say ok" >&2; exit 1; }']
-"#;
-
 #[test]
 fn a_check_command_fails_with_its_output_and_a_missing_one_is_the_users_problem() {
     let server =
         FakeLlm::start(vec![write("notes.txt", "nothing yet\n"), finish(), write("notes.txt", "ok\n"), finish()]);
-    let package = Package::new(NOTES_CHECK, "");
+    let check = r#"check = ["sh", "-c", 'grep -q ok "$PROMPTGEN_TREE/notes.txt" || { echo "notes.txt must say ok" >&2; exit 1; }']"#;
+    let package = Package::new(&with_step_keys(&chain("", &["notes.txt"]), "01", &format!("{check}\n")), "");
     package.write("prompts/01.md", "Write notes.txt.\n");
     let url = server.url();
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", &url));
@@ -345,24 +271,10 @@ fn a_check_command_fails_with_its_output_and_a_missing_one_is_the_users_problem(
     assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new(), "{}", text(&out));
 }
 
-const ONE_RUST_STEP: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-"#;
-
 #[test]
 fn with_the_check_off_code_that_does_not_compile_is_recorded_and_no_check_tool_is_offered() {
     let server = FakeLlm::start(vec![write("a.rs", A_BROKEN), finish()]);
-    let package =
-        Package::new(&ONE_RUST_STEP.replace("outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck = \"none\""), "");
+    let package = Package::new(&with_step_keys(&chain("", &["a.rs"]), "01", "check = \"none\"\n"), "");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -379,27 +291,9 @@ fn with_the_check_off_code_that_does_not_compile_is_recorded_and_no_check_tool_i
     assert!(check_events(&package, "01").is_empty());
 }
 
-/// `check` exits 1 and its report on step 01 contains every phrase of `reasons`; the line.
-fn assert_stale(package: &Package, reasons: &[&str]) -> String {
-    let out = run(&mut package.promptgen(&["check"]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let report = stdout(&out);
-    let line = report.lines().find(|l| l.trim_start().starts_with("step 01:")).unwrap_or_else(|| panic!("{report}"));
-    for reason in reasons {
-        assert!(line.contains(reason), "expected `{reason}` in:\n{report}");
-    }
-    line.to_string()
-}
-
-fn assert_fresh(package: &Package) {
-    let out = run(&mut package.promptgen(&["check"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(stdout(&out).contains("All 1 steps of"), "{}", text(&out));
-}
-
 /// A one-step package writing a.rs, recorded once with the default check (`cargo check`).
 fn recorded_rust_step(server: &FakeLlm) -> Package {
-    let package = Package::new(ONE_RUST_STEP, "");
+    let package = Package::new(&chain("", &["a.rs"]), "");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -409,34 +303,34 @@ fn recorded_rust_step(server: &FakeLlm) -> Package {
 
 #[test]
 fn changing_the_check_makes_the_step_stale_and_naming_the_default_does_not() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
+    let server = FakeLlm::start(vec![write("a.rs", A), finish()]);
     let package = recorded_rust_step(&server);
-    assert_fresh(&package);
+    assert_fresh(&package, &[]);
     let outputs = "outputs = [\"a.rs\"]";
 
     edit(&package, "Cargo.toml", outputs, "outputs = [\"a.rs\"]\ncheck = \"cargo check\"");
-    assert_fresh(&package);
+    assert_fresh(&package, &[]);
     edit(&package, "Cargo.toml", "check = \"cargo check\"", "check = \"none\"");
-    assert_stale(&package, &["check changed: cargo check -> none"]);
+    assert_stale(&package, &[], &["check changed: cargo check -> none"]);
     edit(&package, "Cargo.toml", "check = \"none\"", "check = \"rustc\"");
-    assert_stale(&package, &["check changed: cargo check -> rustc --edition=2021"]);
+    assert_stale(&package, &[], &["check changed: cargo check -> rustc --edition=2021"]);
     edit(&package, "Cargo.toml", "check = \"rustc\"", "check = [\"sh\", \"-c\", \"true\"]");
-    assert_stale(&package, &["check changed: cargo check -> sh -c true"]);
+    assert_stale(&package, &[], &["check changed: cargo check -> sh -c true"]);
     edit(&package, "Cargo.toml", "check = [\"sh\", \"-c\", \"true\"]", "check = \"cargo check\"");
-    assert_fresh(&package);
+    assert_fresh(&package, &[]);
 
     // The number of repair rounds is a budget, not part of what the model is asked.
     edit(&package, "Cargo.toml", "check = \"cargo check\"", "check = \"cargo check\"\ncheck_rounds = 1");
-    assert_fresh(&package);
+    assert_fresh(&package, &[]);
     assert_eq!(server.requests().len(), 2, "check never calls a model");
 }
 
 #[test]
 fn changing_the_check_does_not_claim_that_codegen_core_was_updated() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
+    let server = FakeLlm::start(vec![write("a.rs", A), finish()]);
     let package = recorded_rust_step(&server);
     edit(&package, "Cargo.toml", "outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck = \"none\"");
-    let line = assert_stale(&package, &["check changed: cargo check -> none"]);
+    let line = assert_stale(&package, &[], &["check changed: cargo check -> none"]);
     assert!(!line.contains("codegen-core was updated"), "{line}");
 }
 
@@ -444,24 +338,10 @@ fn changing_the_check_does_not_claim_that_codegen_core_was_updated() {
 const T_PRELUDE_2021: &str = "pub fn t() -> u8 { u8::try_from(3i32).unwrap() }\n";
 const T_ANY_EDITION: &str = "use std::convert::TryFrom;\npub fn t() -> u8 { u8::try_from(3i32).unwrap() }\n";
 
-const ONE_STEP_T: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-check = "rustc"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["t.rs"]
-"#;
-
 #[test]
 fn the_rustc_check_uses_the_packages_edition() {
     let server = FakeLlm::start(vec![write("t.rs", T_PRELUDE_2021), finish()]);
-    let package = Package::new(ONE_STEP_T, "");
+    let package = Package::new(&chain("check = \"rustc\"\n", &["t.rs"]), "");
     package.write("prompts/01.md", "Write t.rs with fn t.\n");
     assert!(package.read("Cargo.toml").contains("edition = \"2021\""));
     let url = server.url();
@@ -489,8 +369,7 @@ fn the_rustc_check_uses_the_packages_edition() {
 #[test]
 fn a_failed_check_shows_its_diagnostics_once() {
     let server = FakeLlm::start(vec![write("a.rs", A_BROKEN), finish()]);
-    let package =
-        Package::new(&ONE_RUST_STEP.replace("outputs = [\"a.rs\"]", "outputs = [\"a.rs\"]\ncheck_rounds = 0"), "");
+    let package = Package::new(&with_step_keys(&chain("", &["a.rs"]), "01", "check_rounds = 0\n"), "");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

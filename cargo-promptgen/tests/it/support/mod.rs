@@ -1,14 +1,18 @@
-//! Throwaway packages and a way to run the real `cargo-promptgen` binary and `cargo` on them.
+//! What the modules of this binary share: throwaway packages and a way to run the real
+//! `cargo-promptgen` binary and `cargo` on them, the chains they declare and the code the fake
+//! models write ([`chains`]), and the looks the tests take at what came of a run.
 
-#![allow(dead_code)]
-
+mod chains;
 pub mod cutting_proxy;
+
+pub use chains::{A, A_BROKEN, A1, A2, B, B1, B2, C, chain, unseeded_chain, with_step_keys};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use promptgen_tests::{Reply, Turn};
+use cargo_promptgen::__private::Lock;
+use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::json;
 
 /// A package in a temporary folder, outside the workspace, with a prompt chain.
@@ -28,7 +32,7 @@ impl Package {
     /// [`Package::new`] with `dependencies` (TOML lines) under `[dependencies]`.
     pub fn with_dependencies(metadata: &str, main_body: &str, dependencies: &str) -> Package {
         let dir = tempfile::Builder::new().prefix("pg-e2e-").tempdir().unwrap();
-        let name = format!("pg-e2e-{}", fastish_id());
+        let name = format!("pg-e2e-{}", unique_id());
         let promptgen = Path::new(env!("CARGO_MANIFEST_DIR"));
         let manifest = format!(
             r#"[package]
@@ -71,6 +75,14 @@ cargo-promptgen = {{ path = "{}", default-features = false, features = ["online"
         package.write("src/domain.rs", DOMAIN);
         package.write("src/main.rs", main);
         package.resolve_from_the_workspace_lock();
+        package
+    }
+
+    /// A [`Package::realistic`] crate whose step `01` writes `user_json.rs` ([`USER_JSON_MAIN`]
+    /// uses it), with that step's prompt.
+    pub fn user_json(metadata: &str) -> Package {
+        let package = Package::realistic(metadata, USER_JSON_MAIN);
+        package.write("prompts/01.md", "Write user_json.rs: to_json and describe for crate::domain::User.\n");
         package
     }
 
@@ -203,6 +215,17 @@ pub fn shared_target() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-packages")
 }
 
+/// Where a build of `package` leaves results for `accept`.
+pub fn pending_dir(package: &Package) -> PathBuf {
+    shared_target().join("promptgen/pending").join(&package.name)
+}
+
+/// `cargo promptgen <args>` in `package` against `server`, offline: a crate with registry
+/// dependencies resolves them from the registry cache.
+pub fn promptgen_offline(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
+    run(package.promptgen(args).env("PROMPTGEN_BASE_URL", server.url()).env("CARGO_NET_OFFLINE", "true"))
+}
+
 pub fn run(command: &mut Command) -> Output {
     command.output().unwrap()
 }
@@ -216,10 +239,16 @@ pub fn text(output: &Output) -> String {
     )
 }
 
-fn fastish_id() -> String {
+/// A name no other of these tests' packages (or S3 prefixes) has had, in this run or an
+/// earlier one: the shared target folder keeps pending areas and check folders by package
+/// name. The process and the time tell runs apart; a count tells apart the names made in one
+/// process, whose tests all run as its threads, even in the same nanosecond.
+pub fn unique_id() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
+    static MADE: AtomicUsize = AtomicUsize::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{}-{nanos}", std::process::id())
+    format!("{}-{nanos}-{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A scripted reply that writes `content` to `path`.
@@ -240,11 +269,62 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `package`'s lock.
+pub fn lock_of(package: &Package) -> Lock {
+    Lock::read(&package.path("promptgen.lock")).expect("the lock parses")
+}
+
+/// `check` (with `env` set) exits 1 and its report on step 01 contains every phrase of
+/// `reasons`; that line of the report.
+pub fn assert_stale(package: &Package, env: &[(&str, &str)], reasons: &[&str]) -> String {
+    let mut command = package.promptgen(&["check"]);
+    command.envs(env.iter().copied());
+    let out = run(&mut command);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = stdout(&out);
+    let line = report.lines().find(|l| l.trim_start().starts_with("step 01:")).unwrap_or_else(|| panic!("{report}"));
+    for reason in reasons {
+        assert!(line.contains(reason), "expected `{reason}` in:\n{report}");
+    }
+    line.to_string()
+}
+
+/// `check` (with `env` set) passes on a one-step package.
+pub fn assert_fresh(package: &Package, env: &[(&str, &str)]) {
+    let mut command = package.promptgen(&["check"]);
+    command.envs(env.iter().copied());
+    let out = run(&mut command);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).contains("All 1 steps of"), "{}", text(&out));
+}
+
+/// The content of the last message a request sent: what the model was told last (a tool's
+/// answer, after a tool call).
+pub fn last_message(request: &RecordedRequest) -> String {
+    let body = request.json();
+    let messages = body["messages"].as_array().unwrap_or_else(|| panic!("no messages in {body}"));
+    messages.last().and_then(|m| m["content"].as_str()).unwrap_or_default().to_string()
+}
+
 /// Replaces the one occurrence of `from` in the package file `rel` with `to`.
 pub fn edit(package: &Package, rel: &str, from: &str, to: &str) {
     let old = package.read(rel);
     assert_eq!(old.matches(from).count(), 1, "`{from}` should occur once in {rel}:\n{old}");
     package.write(rel, &old.replacen(from, to, 1));
+}
+
+/// Copies the tree `from` to `to`, creating `to`.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
 
 /// Every file under `dir`, by relative path, with its bytes; folders as `<path>/`.

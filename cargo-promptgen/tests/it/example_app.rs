@@ -5,30 +5,17 @@
 //! files and the transcripts come out byte for byte as committed: the committed record is
 //! what this chain produces.
 
-mod support;
+use std::path::PathBuf;
 
-use std::path::{Path, PathBuf};
-
-use support::{run, snapshot, text};
-
-fn copy_dir(from: &Path, to: &Path) {
-    for entry in walkdir::WalkDir::new(from) {
-        let entry = entry.unwrap();
-        let target = to.join(entry.path().strip_prefix(from).unwrap());
-        if entry.file_type().is_dir() {
-            std::fs::create_dir_all(&target).unwrap();
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
+use crate::support;
+use crate::support::{copy_tree, run, snapshot, text};
 
 #[test]
 fn example_app_regenerates_from_an_empty_lock_with_its_own_settings_and_reproduces_its_record() {
     let repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let dir = tempfile::Builder::new().prefix("pg-example-").tempdir().unwrap();
-    copy_dir(&repo.join("example-app"), &dir.path().join("example-app"));
-    copy_dir(&repo.join("prompts"), &dir.path().join("prompts"));
+    copy_tree(&repo.join("example-app"), &dir.path().join("example-app"));
+    copy_tree(&repo.join("prompts"), &dir.path().join("prompts"));
     let _ = std::fs::remove_dir_all(dir.path().join("example-app/target"));
     // The workspace the example inherits its edition and licence from, and the way to
     // cargo-promptgen from the copy.

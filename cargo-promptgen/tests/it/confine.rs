@@ -16,16 +16,16 @@
 //! On a machine without Landlock each test prints that confinement is not tested; the
 //! end-to-end ones then check that checks run unconfined after a warning.
 
-mod support;
-
 use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use cargo_promptgen::__private::confine::{self, Policy, Toolchain, UNCONFINED_VAR};
-use promptgen_tests::{FakeLlm, RecordedRequest};
-use support::{Package, finish, run, stderr, text, write};
+use promptgen_tests::FakeLlm;
+
+use crate::support;
+use crate::support::{Package, finish, last_message, run, stderr, text, unseeded_chain, write};
 
 /// This machine's Landlock ABI, or `None` after printing why there is none (the tests that
 /// need it then stop, and the end-to-end ones check the warning instead).
@@ -236,18 +236,10 @@ fn a_confined_process_cannot_read_the_environment_of_a_process_outside_nor_signa
     outside.wait().unwrap();
 }
 
-const METADATA: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-check = "cargo test"
-check_rounds = 1
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["greeting.rs"]
-"#;
+/// One step checked by `cargo test`, with one repair round.
+fn metadata() -> String {
+    unseeded_chain("check = \"cargo test\"\ncheck_rounds = 1\n", &["greeting.rs"])
+}
 
 const GREETING: &str = "pub fn greeting() -> String {\n    serde_json::to_string(\"hello\").unwrap()\n}\n";
 
@@ -260,7 +252,7 @@ const PLAIN_VAR: &str = "PROMPTGEN_TEST_PLAIN";
 /// A crate that uses serde_json (from the registry cache: the tests run offline) and mounts
 /// the generated `greeting.rs`, with a test of it; `extra_tests` go beside that test.
 fn crate_with_tests(extra_tests: &str) -> Package {
-    let package = Package::with_dependencies(METADATA, "", "serde_json = \"1\"\n");
+    let package = Package::with_dependencies(&metadata(), "", "serde_json = \"1\"\n");
     let main = format!(
         r##"#[allow(dead_code)]
 mod generated {{
@@ -332,16 +324,6 @@ fn leaky_tests(canary: &Path, addr: &str, pwned: &Path) -> String {
     }}
 "##
     )
-}
-
-fn last_message(request: &RecordedRequest) -> String {
-    let body = request.json();
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 fn reversed(text: &str) -> String {
@@ -482,7 +464,7 @@ fn a_command_check_is_confined_too() {
         canary = canary.display(),
         pwned = pwned.display(),
     );
-    let metadata = METADATA.replace("check = \"cargo test\"", &format!("check = [\"sh\", \"-c\", {script:?}]"));
+    let metadata = metadata().replace("check = \"cargo test\"", &format!("check = [\"sh\", \"-c\", {script:?}]"));
     let package = Package::new(&metadata, "println!(\"{}\", generated::greeting::greeting());");
     package.write(".env", &format!("API_KEY={ENV_CANARY}\n"));
     package.write("prompts/01.md", "Write greeting.rs.\n");

@@ -3,8 +3,6 @@
 //! round, a failed step's kept transcript, the live line in a pseudo-terminal, and `review`.
 //! Real binary, the fake LLM server on loopback; no `cargo build`.
 
-mod support;
-
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,37 +13,16 @@ use cargo_promptgen::__private::{Destination, Progress, Schedule};
 use codegen_core::Cancel;
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::json;
-use support::{Package, changes, edit, finish, run, snapshot, stderr, stdout, text, write};
 
-const TWO_STEPS: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-check = "none"
+use crate::support;
+use crate::support::{
+    A_BROKEN, A1, A2, B, B2, Package, chain, changes, edit, finish, pending_dir, run, snapshot, stderr, stdout, text,
+    with_step_keys, write,
+};
 
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-"#;
-
-const A1: &str = "pub fn a() -> &'static str { \"a1\" }\n";
-const A2: &str = "pub fn a() -> &'static str { \"a2\" }\n";
-const B1: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
-const B2: &str = "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n";
-
-fn two_steps(metadata: &str) -> Package {
-    let package = Package::new(metadata, "println!(\"{}\", generated::b::b());");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
-    package
+/// Two steps, a.rs then b.rs using it, unchecked.
+fn two_steps() -> String {
+    chain("check = \"none\"\n", &["a.rs", "b.rs"])
 }
 
 /// The layout `cargo promptgen` gives `package` (the tests' shared target folder).
@@ -71,10 +48,6 @@ fn build_pending(package: &Package, url: &str) {
     .bring_up_to_date(&mut |_| {})
     .and_then(|result| result.into_failure())
     .expect("the build's run succeeds");
-}
-
-fn pending_dir(package: &Package) -> std::path::PathBuf {
-    support::shared_target().join("promptgen/pending").join(&package.name)
 }
 
 /// Reads `child`'s stderr on a thread, line by line, into a shared buffer.
@@ -139,8 +112,8 @@ fn dripping_write(path: &str, content: &str) -> Reply {
 
 #[test]
 fn ctrl_c_during_a_streamed_reply_stops_at_once_records_nothing_and_keeps_the_transcript() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
-    let package = two_steps(&openai(TWO_STEPS));
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B), finish()]);
+    let package = Package::lettered(&openai(&two_steps()), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", v1(&server)));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
@@ -209,8 +182,11 @@ fn ctrl_c_during_a_streamed_reply_stops_at_once_records_nothing_and_keeps_the_tr
 
 #[test]
 fn a_stream_that_stalls_fails_within_idle_timeout_secs_naming_the_server_and_records_nothing() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
-    let package = two_steps(&openai(TWO_STEPS).replace("check = \"none\"", "check = \"none\"\nidle_timeout_secs = 1"));
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B), finish()]);
+    let package = Package::lettered(
+        &openai(&two_steps()).replace("check = \"none\"", "check = \"none\"\nidle_timeout_secs = 1"),
+        2,
+    );
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", v1(&server)));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     edit(&package, "prompts/01.md", "fn a", "fn a saying a2");
@@ -246,8 +222,8 @@ fn a_stream_that_stalls_fails_within_idle_timeout_secs_naming_the_server_and_rec
 
 #[test]
 fn each_step_starts_naming_the_step_it_runs_after_and_its_state() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
-    let package = two_steps(TWO_STEPS);
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B), finish()]);
+    let package = Package::lettered(&two_steps(), 2);
     let (chain, layout) = layout_of(&package, &server.url());
     let mut started = Vec::new();
     let mut collect = |progress: Progress| {
@@ -300,39 +276,24 @@ fn eventful_script() -> Vec<Reply> {
     vec![
         write("../outside.rs", "fn x() {}\n"),
         Reply::turn(Turn::text("Let me think about the design first.").tokens(30, 9)),
-        write("a.rs", "pub fn a() -> &'static str { 42 }\n"),
+        write("a.rs", A_BROKEN),
         finish(),
         write("a.rs", A1),
         finish(),
-        write("b.rs", B1),
+        write("b.rs", B),
         finish(),
     ]
 }
 
-const CHECKED: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-check = "rustc"
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-check = "none"
-"#;
+/// Two steps, step 01 checked by `rustc`, step 02 not.
+fn checked() -> String {
+    with_step_keys(&chain("check = \"rustc\"\n", &["a.rs", "b.rs"]), "02", "check = \"none\"\n")
+}
 
 #[test]
 fn log_shows_a_conversation_with_its_refusal_repair_and_check_round() {
     let server = FakeLlm::start(eventful_script());
-    let package = two_steps(CHECKED);
+    let package = Package::lettered(&checked(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
@@ -388,7 +349,7 @@ fn log_html_writes_one_page_that_loads_nothing_and_escapes_what_the_model_wrote(
     // What the model writes must come out as text, never as markup.
     script[1] = Reply::turn(Turn::text("<script>alert('x')</script> & <b>bold</b>"));
     let server = FakeLlm::start(script);
-    let package = two_steps(CHECKED);
+    let package = Package::lettered(&checked(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
@@ -421,10 +382,10 @@ fn log_html_writes_one_page_that_loads_nothing_and_escapes_what_the_model_wrote(
 
 #[test]
 fn a_failed_step_is_kept_for_log_and_its_error_says_so() {
-    let metadata = TWO_STEPS.replace("check = \"none\"", "check = \"none\"\nmax_model_calls = 2");
+    let metadata = two_steps().replace("check = \"none\"", "check = \"none\"\nmax_model_calls = 2");
     // Step 01 writes nothing in its two calls.
     let server = FakeLlm::start(vec![Reply::turn(Turn::text("Thinking.")), Reply::turn(Turn::text("Still thinking."))]);
-    let package = two_steps(&metadata);
+    let package = Package::lettered(&metadata, 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = stderr(&out);
@@ -481,8 +442,9 @@ fn shell_quote(text: &str) -> String {
 #[test]
 fn on_a_terminal_each_running_step_has_a_live_line() {
     let server = FakeLlm::start(vec![write("a.rs", A1), finish()]);
-    let one_step = TWO_STEPS.split("[[package.metadata.promptgen.steps]]\nid = \"02\"").next().unwrap();
-    let package = two_steps(&openai(one_step));
+    let metadata = two_steps();
+    let one_step = metadata.split("[[package.metadata.promptgen.steps]]\nid = \"02\"").next().unwrap();
+    let package = Package::lettered(&openai(one_step), 2);
     let long: String = (0..10).map(|i| format!("// line {i}\n")).collect();
     server.push(dripping_write("a.rs", &format!("{long}{A1}")));
     server.push(finish());
@@ -540,8 +502,8 @@ fn on_a_terminal_each_running_step_has_a_live_line() {
 
 #[test]
 fn review_asks_about_each_pending_result_and_refuses_without_a_terminal() {
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
-    let package = two_steps(TWO_STEPS);
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B), finish()]);
+    let package = Package::lettered(&two_steps(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
@@ -592,7 +554,7 @@ fn review_asks_about_each_pending_result_and_refuses_without_a_terminal() {
         }
     }
     assert_eq!(package.read("promptgen/01/a.rs"), A2);
-    assert_eq!(package.read("promptgen/02/b.rs"), B1);
+    assert_eq!(package.read("promptgen/02/b.rs"), B);
     assert!(!pending_dir(&package).exists(), "nothing is pending any more");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(1), "02 must run again after its result was rejected: {}", text(&out));
@@ -602,8 +564,8 @@ fn review_asks_about_each_pending_result_and_refuses_without_a_terminal() {
 #[test]
 fn review_decisions_follow_the_chain() {
     use cargo_promptgen::__private::review;
-    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B1), finish()]);
-    let package = two_steps(TWO_STEPS);
+    let server = FakeLlm::start(vec![write("a.rs", A1), finish(), write("b.rs", B), finish()]);
+    let package = Package::lettered(&two_steps(), 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     edit(&package, "prompts/01.md", "fn a", "fn a saying a2");
@@ -649,14 +611,15 @@ fn review_decisions_follow_the_chain() {
 fn html_report_page() {
     let target = std::env::var("PROMPTGEN_HTML_REPORT").expect("PROMPTGEN_HTML_REPORT names the page to write");
     let metadata = format!(
-        "{CHECKED}\n[[package.metadata.promptgen.steps]]\nid = \"03\"\nprompt = \"prompts/03.md\"\noutputs = [\"c.rs\"]\ncheck = \"none\"\nmax_model_calls = 2\n"
+        "{}\n[[package.metadata.promptgen.steps]]\nid = \"03\"\nprompt = \"prompts/03.md\"\noutputs = [\"c.rs\"]\ncheck = \"none\"\nmax_model_calls = 2\n",
+        checked()
     );
     let mut script = eventful_script();
     script[1] = Reply::turn(Turn::text("<script>alert('x')</script> I will write a.rs next."));
     script.push(Reply::turn(Turn::text("I am not sure what c.rs should hold.")));
     script.push(Reply::turn(Turn::text("Still unsure.")));
     let server = FakeLlm::start(script);
-    let package = two_steps(&metadata);
+    let package = Package::lettered(&metadata, 2);
     package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(1), "step 03 fails: {}", text(&out));

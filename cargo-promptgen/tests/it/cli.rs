@@ -3,51 +3,29 @@
 //! errors, `check` on stray and hand-edited stored files, a CI build, and `accept` with
 //! nothing to do. Real binary, the fake LLM server on loopback; only one test runs `cargo build`.
 
-mod support;
-
 use promptgen_tests::{FakeLlm, Reply, refused_url};
-use support::{Package, edit, finish, run, stderr, stdout, text, write};
 
-const THREE_STEPS: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-inputs = ["src/domain.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "03"
-prompt = "prompts/03.md"
-outputs = ["c.rs"]
-"#;
-
-const A1: &str = "pub fn a() -> &'static str { \"a1\" }\n";
-const A2: &str = "pub fn a() -> &'static str { \"a2\" }\n";
-const B: &str = "pub fn b() -> String { format!(\"{}b\", super::a::a()) }\n";
-const C: &str = "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n";
+use crate::support;
+use crate::support::{
+    A1, A2, B, C, Package, assert_fresh, assert_stale, chain, edit, finish, run, stderr, stdout, text, with_step_keys,
+    write,
+};
 
 fn one_run() -> Vec<Reply> {
     vec![write("a.rs", A1), finish(), write("b.rs", B), finish(), write("c.rs", C), finish()]
 }
 
+/// Three steps, a.rs (with `src/domain.rs` as an input), b.rs and c.rs, nothing recorded yet.
+fn new_three_step_package() -> Package {
+    let metadata = with_step_keys(&chain("", &["a.rs", "b.rs", "c.rs"]), "01", "inputs = [\"src/domain.rs\"]\n");
+    let package = Package::lettered(&metadata, 3);
+    package.write("src/domain.rs", "pub struct Domain;\n");
+    package
+}
+
 /// A three-step package recorded once against `server` (which must hold [`one_run`]).
 fn three_step_package(server: &FakeLlm) -> Package {
-    let package = Package::new(THREE_STEPS, "println!(\"{}\", generated::c::c());");
-    package.write("src/domain.rs", "pub struct Domain;\n");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
-    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
+    let package = new_three_step_package();
     let before = server.requests().len();
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -175,52 +153,28 @@ fn table_rows(table: &str) -> Vec<std::collections::BTreeMap<String, String>> {
         .collect()
 }
 
-const ONE_STEP: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-protocol = "native"
-system_prompt = "prompts/system.md"
+/// One step, native protocol, with a system prompt and two inputs (a file and a folder).
+fn one_step() -> String {
+    let settings = "protocol = \"native\"\nsystem_prompt = \"prompts/system.md\"\n";
+    with_step_keys(&chain(settings, &["a.rs"]), "01", "inputs = [\"src/domain.rs\", \"docs\"]\n")
+}
 
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-inputs = ["src/domain.rs", "docs"]
-"#;
-
-fn one_step_package(server: &FakeLlm) -> Package {
-    let package = Package::new(ONE_STEP, "");
+/// A package of [`one_step`] with its prompts and inputs, nothing recorded yet.
+fn new_one_step_package() -> Package {
+    let package = Package::new(&one_step(), "");
     package.write("src/domain.rs", "pub struct Domain;\n");
     package.write("docs/guide.md", "Be brief.\n");
     package.write("prompts/system.md", "You write Rust.\n");
     package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     package
 }
 
-/// `check` exits 1 and its report on step 01 contains every phrase of `reasons`.
-fn assert_stale(package: &Package, env: &[(&str, &str)], reasons: &[&str]) {
-    let mut command = package.promptgen(&["check"]);
-    command.envs(env.iter().copied());
-    let out = run(&mut command);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let report = stdout(&out);
-    let line = report.lines().find(|l| l.trim_start().starts_with("step 01:")).unwrap_or_else(|| panic!("{report}"));
-    for reason in reasons {
-        assert!(line.contains(reason), "expected `{reason}` in:\n{report}");
-    }
-}
-
-fn assert_fresh(package: &Package, env: &[(&str, &str)]) {
-    let mut command = package.promptgen(&["check"]);
-    command.envs(env.iter().copied());
-    let out = run(&mut command);
+/// [`new_one_step_package`], recorded against `server`.
+fn one_step_package(server: &FakeLlm) -> Package {
+    let package = new_one_step_package();
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(stdout(&out).contains("All 1 steps of"), "{}", text(&out));
+    package
 }
 
 #[test]
@@ -349,11 +303,7 @@ fn the_base_url_flag_beats_promptgen_base_url_beats_ollama_host_beats_the_metada
 
 #[test]
 fn metadata_errors_name_the_key_and_the_file() {
-    let package = Package::new(ONE_STEP, "");
-    package.write("src/domain.rs", "pub struct Domain;\n");
-    package.write("docs/guide.md", "Be brief.\n");
-    package.write("prompts/system.md", "You write Rust.\n");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    let package = new_one_step_package();
     let manifest = package.read("Cargo.toml");
     let manifest_path = package.path("Cargo.toml");
     let manifest_path = manifest_path.to_string_lossy();
@@ -392,7 +342,7 @@ fn metadata_errors_name_the_key_and_the_file() {
 
 #[test]
 fn an_unknown_flag_is_a_usage_error() {
-    let package = Package::new(ONE_STEP, "");
+    let package = Package::new(&one_step(), "");
     for args in [&["--frobnicate"][..], &["check", "--frobnicate"][..], &["explode"][..]] {
         let out = run(&mut package.promptgen(args));
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
@@ -445,11 +395,7 @@ fn check_fails_on_a_hand_edited_stored_file_and_names_it() {
 #[test]
 fn a_ci_build_with_a_stale_step_fails_without_calling_a_model() {
     let server = FakeLlm::start(one_run());
-    let package = Package::new(THREE_STEPS, "println!(\"{}\", generated::c::c());");
-    package.write("src/domain.rs", "pub struct Domain;\n");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
-    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
+    let package = new_three_step_package();
     let out = run(package.cargo(&["build", "--quiet"]).env("CI", "true").env("PROMPTGEN_BASE_URL", server.url()));
     assert!(!out.status.success(), "{}", text(&out));
     let err = stderr(&out);
@@ -463,11 +409,7 @@ fn a_ci_build_with_a_stale_step_fails_without_calling_a_model() {
 
 #[test]
 fn options_of_run_before_another_subcommand_are_a_usage_error() {
-    let package = Package::new(ONE_STEP, "");
-    package.write("src/domain.rs", "pub struct Domain;\n");
-    package.write("docs/guide.md", "Be brief.\n");
-    package.write("prompts/system.md", "You write Rust.\n");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
+    let package = new_one_step_package();
     for args in [&["--force", "check"][..], &["--model", "other-coder", "status"][..], &["--step", "01", "accept"][..]]
     {
         let out = run(&mut package.promptgen(args));
@@ -570,12 +512,8 @@ fn packages_are_chosen_and_their_workspace_found_as_cargo_does() {
 #[test]
 fn a_build_script_without_the_online_feature_never_calls_a_model() {
     let server = FakeLlm::start(one_run());
-    let package = Package::new(THREE_STEPS, "println!(\"{}\", generated::c::c());");
+    let package = new_three_step_package();
     support::edit(&package, "Cargo.toml", ", features = [\"online\"]", "");
-    package.write("src/domain.rs", "pub struct Domain;\n");
-    package.write("prompts/01.md", "Write a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write b.rs with fn b using a.\n");
-    package.write("prompts/03.md", "Write c.rs with fn c using b.\n");
     let out = run(package.cargo(&["build", "--quiet"]).env("PROMPTGEN_BASE_URL", server.url()));
     assert!(!out.status.success(), "{}", text(&out));
     let err = stderr(&out);

@@ -7,7 +7,9 @@ use codegen_core::__private::tools::tool_specs;
 use codegen_core::backend::{Backend, BackendConfig, BackendError, BackendKind, ChatRequest, HttpConfig, RetryPolicy};
 use codegen_core::chat::{Arguments, Message, ToolCall};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn, refused_url};
-use serde_json::{Value, json};
+use serde_json::json;
+
+use crate::support::{hello, object};
 
 /// Quick retries and short timeouts, so failure paths take milliseconds.
 fn fast_http() -> HttpConfig {
@@ -43,14 +45,6 @@ fn openai(server: &FakeLlm) -> Box<dyn Backend> {
 fn ask(backend: &mut dyn Backend, messages: &[Message]) -> Result<codegen_core::backend::ChatResponse, BackendError> {
     let specs = tool_specs();
     backend.chat(&ChatRequest { model: "m1", messages, tools: &specs, seed: Some(7), temperature: Some(0.0) })
-}
-
-fn hello() -> Vec<Message> {
-    vec![Message::system("sys"), Message::user("write a.rs")]
-}
-
-fn object(value: Value) -> Arguments {
-    Arguments::Object(value.as_object().unwrap().clone())
 }
 
 #[test]

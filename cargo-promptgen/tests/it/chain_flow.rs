@@ -3,48 +3,15 @@
 //! regenerates, `accept`, and `check` again. Real binaries, real `cargo build`, the fake LLM
 //! server on loopback.
 
-mod support;
-
 use promptgen_tests::FakeLlm;
-use support::{Package, finish, run, text, write};
 
-const METADATA: &str = r#"
-[package.metadata.promptgen]
-backend = "ollama"
-model = "fake-coder"
-seed = 1
-temperature = 0.0
-
-[[package.metadata.promptgen.steps]]
-id = "01"
-prompt = "prompts/01.md"
-outputs = ["a.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "02"
-prompt = "prompts/02.md"
-outputs = ["b.rs"]
-
-[[package.metadata.promptgen.steps]]
-id = "03"
-prompt = "prompts/03.md"
-outputs = ["c.rs"]
-"#;
+use crate::support::{A, B1, B2, C, Package, chain, finish, run, text, write};
 
 #[test]
 fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
-    let server = FakeLlm::start(vec![
-        write("a.rs", "pub fn a() -> &'static str { \"a\" }\n"),
-        finish(),
-        write("b.rs", "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n"),
-        finish(),
-        write("c.rs", "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n"),
-        finish(),
-    ]);
-    let package = Package::new(METADATA, "println!(\"{}\", generated::c::c());");
-    package.write("prompts/01.md", "Write the file a.rs with fn a.\n");
-    package.write("prompts/02.md", "Write the file b.rs with fn b using a.\n");
-    package.write("prompts/03.md", "Write the file c.rs with fn c using b.\n");
+    let server =
+        FakeLlm::start(vec![write("a.rs", A), finish(), write("b.rs", B1), finish(), write("c.rs", C), finish()]);
+    let package = Package::lettered(&chain("", &["a.rs", "b.rs", "c.rs"]), 3);
     let url = server.url();
 
     // 1. The first run records every step.
@@ -54,7 +21,7 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     let lock = package.read("promptgen.lock");
     assert!(lock.starts_with("# @generated"), "{lock}");
     assert_eq!(lock.matches("[[step]]").count(), 3, "{lock}");
-    assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n");
+    assert_eq!(package.read("promptgen/02/b.rs"), B1);
     let transcript = package.read("promptgen/02.transcript.jsonl");
     assert!(transcript.contains("\"write_file\"") && !transcript.contains("duration_ms"), "{transcript}");
 
@@ -63,7 +30,7 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
     // 3. Editing the second prompt makes 02 and 03 stale, and not 01.
-    package.write("prompts/02.md", "Write the file b.rs with fn b using a, and say b2.\n");
+    package.write("prompts/02.md", "Write b.rs with fn b using a, and say b2.\n");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let report = String::from_utf8_lossy(&out.stdout);
@@ -83,20 +50,16 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     assert_eq!(server.requests().len(), 6, "an offline build calls no model");
 
     // 5. An online build regenerates 02 and 03 into the pending area and says so.
-    server.push(write("b.rs", "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n"));
+    server.push(write("b.rs", B2));
     server.push(finish());
-    server.push(write("c.rs", "pub fn c() -> String { format!(\"{}c\", super::b::b()) }\n"));
+    server.push(write("c.rs", C));
     server.push(finish());
     let out = run(package.cargo(&["build"]).env("PROMPTGEN_BASE_URL", &url));
     assert!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cargo promptgen accept"), "{stderr}");
     assert_eq!(server.requests().len(), 10);
-    assert_eq!(
-        package.read("promptgen/02/b.rs"),
-        "pub fn b() -> String { format!(\"{}b1\", super::a::a()) }\n",
-        "the build never writes the package"
-    );
+    assert_eq!(package.read("promptgen/02/b.rs"), B1, "the build never writes the package");
     let out = run(package.cargo(&["run", "--quiet"]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ab2c", "{}", text(&out));
     assert_eq!(server.requests().len(), 10, "pending results are reused, not regenerated");
@@ -110,14 +73,10 @@ fn a_three_step_chain_from_first_run_to_accepted_regeneration() {
     // 6. `diff` shows what changed; `accept` records it without calling a model.
     let out = run(&mut package.promptgen(&["diff"]));
     let diff = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        diff.contains("-pub fn b() -> String { format!(\"{}b1\", super::a::a()) }")
-            && diff.contains("+pub fn b() -> String { format!(\"{}b2\", super::a::a()) }"),
-        "{diff}"
-    );
+    assert!(diff.contains(&format!("-{}", B1.trim_end())) && diff.contains(&format!("+{}", B2.trim_end())), "{diff}");
     let out = run(&mut package.promptgen(&["accept"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert_eq!(package.read("promptgen/02/b.rs"), "pub fn b() -> String { format!(\"{}b2\", super::a::a()) }\n");
+    assert_eq!(package.read("promptgen/02/b.rs"), B2);
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 10);

@@ -16,6 +16,8 @@ use codegen_core::{Cancel, Error, Observer, Step};
 use promptgen_tests::{FakeLlm, Reply, Turn};
 use serde_json::json;
 
+use crate::support::base_url;
+
 /// Limits far beyond the test's patience: only the cancel flag can end a wait.
 fn patient() -> HttpConfig {
     HttpConfig {
@@ -34,10 +36,7 @@ fn patient() -> HttpConfig {
 
 fn config(kind: BackendKind, server: &FakeLlm, cancel: &Cancel, stream: bool) -> BackendConfig {
     let mut config = BackendConfig::new(kind);
-    config.base_url = Some(match kind {
-        BackendKind::OpenAi => format!("{}/v1", server.url()),
-        _ => server.url(),
-    });
+    config.base_url = Some(base_url(kind, server));
     config.http = patient();
     config.stream = stream;
     config.cancel = cancel.clone();

@@ -9,12 +9,14 @@ use codegen_core::backend::{
     Backend, BackendConfig, BackendError, BackendKind, ChatRequest, ChatResponse, Delivery, HttpConfig, Progress,
     RetryPolicy,
 };
-use codegen_core::chat::{Arguments, Message};
+use codegen_core::chat::Arguments;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{Event, Volatility};
 use codegen_core::{Observer, Step, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};
 use serde_json::{Value, json};
+
+use crate::support::{base_url, hello, object};
 
 /// Short limits, so that failure paths take milliseconds: 300 ms of silence is a stall.
 fn impatient() -> HttpConfig {
@@ -29,10 +31,7 @@ fn impatient() -> HttpConfig {
 
 fn config(kind: BackendKind, server: &FakeLlm) -> BackendConfig {
     let mut config = BackendConfig::new(kind);
-    config.base_url = Some(match kind {
-        BackendKind::OpenAi => format!("{}/v1", server.url()),
-        _ => server.url(),
-    });
+    config.base_url = Some(base_url(kind, server));
     config.http = impatient();
     config
 }
@@ -41,18 +40,10 @@ fn open(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
     config(kind, server).open().unwrap()
 }
 
-fn hello() -> Vec<Message> {
-    vec![Message::system("sys"), Message::user("write a.rs")]
-}
-
 /// Asks with the four tools, or with none.
 fn ask(backend: &mut dyn Backend, tools: bool) -> Result<ChatResponse, BackendError> {
     let specs = if tools { tool_specs() } else { Vec::new() };
     backend.chat(&ChatRequest { model: "m", messages: &hello(), tools: &specs, seed: Some(1), temperature: Some(0.0) })
-}
-
-fn object(value: Value) -> Arguments {
-    Arguments::Object(value.as_object().unwrap().clone())
 }
 
 /// Whether each request asked for a stream.
