@@ -116,6 +116,16 @@ impl Builder {
         let _guard = ProcessLock::acquire(&layout)?;
 
         let mut records = Records::read(&layout)?;
+        // A build never writes the package: what a stopped run left there is read through
+        // (the lock names it) and left for `cargo promptgen` to finish.
+        if self.emit_cargo_directives {
+            for path in crate::review::status::leftovers(&layout) {
+                println!(
+                    "cargo:warning=promptgen: {path} in {} was left by a stopped run; `cargo promptgen -p {}` finishes or removes it",
+                    chain.package_name, chain.package_name
+                );
+            }
+        }
         let dependency = dependency_origin(&manifest_dir);
         let ci = self.offline.is_none() && std::env::var_os("CI").is_some();
         if ci || dependency.is_some() {

@@ -157,6 +157,21 @@ fn write_through_temporary(path: &Path, bytes: &[u8], flush: bool) -> Result<(),
         tmp.as_file().sync_all().map_err(|e| FsError::new("flush", tmp.path(), e))?;
     }
     tmp.persist(path).map_err(|e| FsError::new("replace", path, e.error))?;
+    if flush {
+        // The rename itself must reach the disk before what it replaced is let go.
+        flush_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Flushes folder `path`'s entries to the disk: the names made, renamed or removed in it
+/// (a file's own flush does not cover its name). Nothing to do where folders cannot be
+/// opened (Windows).
+pub fn flush_dir(path: &Path) -> Result<(), FsError> {
+    #[cfg(unix)]
+    std::fs::File::open(path).and_then(|dir| dir.sync_all()).map_err(|e| FsError::new("flush the folder", path, e))?;
+    #[cfg(not(unix))]
+    let _ = path;
     Ok(())
 }
 

@@ -1,9 +1,10 @@
-//! Writing the record: a step's result into the store and then its entry into the lock (the
-//! lock is the commit point: a file it names is stored before the lock names it), a pending
-//! result moved into the committed record, the steps the manifest no longer declares
-//! forgotten, and the pending area removed.
+//! Writing the record: a step's result staged in the store, its entry written to the lock
+//! (the lock's rename is the commit point), then the staged files moved into place (see
+//! `store.rs`); a pending result moved into the committed record the same way; the steps the
+//! manifest no longer declares forgotten; the pending area removed; and what a stopped writer
+//! left finished or removed before anything else is written ([`Recorder::open`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use codegen_core::fs;
 
@@ -29,6 +30,8 @@ pub enum Destination {
 #[derive(Debug)]
 pub struct Recorder {
     destination: Destination,
+    /// What [`Recorder::open`] found a stopped writer had left, and did about it.
+    pub recovered: Vec<String>,
     lock_path: PathBuf,
     store: Storage,
     lock: Lock,
@@ -37,13 +40,24 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// The record of `chain` at `destination`, as `records` found it.
+    /// The record of `chain` at `destination`, as `records` found it, after what a stopped
+    /// writer left there is finished or removed (see [`recover`]). The caller holds the
+    /// process lock.
     pub fn open(
         chain: &Chain,
         layout: &Layout,
         records: &Records,
         destination: Destination,
     ) -> Result<Recorder, Error> {
+        let recovered = match destination {
+            Destination::Committed => recover(layout.package_dir.as_path(), &records.store, &records.lock)?,
+            Destination::Pending => match &records.pending {
+                Some(pending) => {
+                    recover(&layout.pending_dir(), &Storage::Folder(records.pending_store.clone()), pending)?
+                }
+                None => Vec::new(),
+            },
+        };
         let (lock_path, store, lock) = match destination {
             Destination::Committed => (layout.lock_path(), layout.committed()?, records.lock.clone()),
             Destination::Pending => (
@@ -53,16 +67,27 @@ impl Recorder {
             ),
         };
         let order = chain.steps.iter().map(|s| s.id.clone()).collect();
-        Ok(Recorder { destination, lock_path, store, lock, order })
+        Ok(Recorder { destination, recovered, lock_path, store, lock, order })
     }
 
-    /// Records a step that ran: its files and transcript are stored, then its entry is
-    /// written to the lock.
+    /// Records a step that ran: its files and transcript are staged, its entry is written to
+    /// the lock (the commit point), then the staged files are moved into place.
     #[cfg(feature = "online")]
     pub fn record(&mut self, entry: &LockedStep, files: &Files, transcript: &str) -> Result<(), Error> {
-        self.store.save(entry, files, Some(transcript))?;
+        self.commit(entry, files, Some(transcript))
+    }
+
+    /// Stage, commit, apply: see the module documentation.
+    fn commit(&mut self, entry: &LockedStep, files: &Files, transcript: Option<&str>) -> Result<(), Error> {
+        let pending = self.store.stage(entry, files, transcript)?;
+        let before = self.lock.clone();
         self.lock.upsert(entry.clone(), &self.order);
-        self.lock.write(&self.lock_path)
+        if let Err(error) = self.lock.write(&self.lock_path) {
+            self.lock = before;
+            self.store.discard(pending);
+            return Err(error);
+        }
+        self.store.apply(pending)
     }
 
     /// Takes a step that did not run as it is recorded (`pending`: in `records`' pending
@@ -78,9 +103,8 @@ impl Recorder {
                 Ok(false)
             }
             (Destination::Committed, true) => {
-                records.pending_store.copy_step(entry, files, &self.store)?;
-                self.lock.upsert(entry.clone(), &self.order);
-                self.lock.write(&self.lock_path)?;
+                let transcript = Storage::Folder(records.pending_store.clone()).transcript(entry)?;
+                self.commit(entry, files, transcript.as_deref())?;
                 Ok(true)
             }
             (Destination::Pending, true) | (Destination::Committed, false) => Ok(false),
@@ -101,6 +125,28 @@ impl Recorder {
             Destination::Committed | Destination::Pending => Ok(Vec::new()),
         }
     }
+}
+
+/// Finishes or removes what a stopped writer left of the record whose lock (`lock`, just
+/// read) is in `lock_dir` and whose files are in `store`: a staged step the lock names is
+/// moved into place, every other leftover removed, and temporary files beside the lock too.
+/// In the cache nothing is staged (objects are written whole under their hash), and its
+/// temporary files may be another process's: they are left alone. Returns what it did.
+pub fn recover(lock_dir: &Path, store: &Storage, lock: &Lock) -> Result<Vec<String>, Error> {
+    let mut done = match store {
+        Storage::Folder(store) => store.recover(lock)?,
+        Storage::Cache { .. } => Vec::new(),
+    };
+    for name in fs::read_dir_names(lock_dir).unwrap_or_default() {
+        let name = name.to_string_lossy();
+        if name.starts_with(".promptgen-tmp-") {
+            fs::remove_file(&lock_dir.join(name.as_ref()))?;
+            if done.is_empty() {
+                done.push(format!("removed a temporary file a stopped run had left in `{}`", lock_dir.display()));
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Drops the steps that the manifest no longer declares from `lock` (written back) and

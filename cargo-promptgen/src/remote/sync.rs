@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use crate::config::{self, Chain, StoreMode};
 use crate::error::{Error, MissingFile};
 use crate::files::Files;
-use crate::hash::short;
+use crate::hash::{sha256_hex, short};
 use crate::record::cache::{Cache, Lookup};
 use crate::record::layout::Layout;
 use crate::record::lock::{Lock, LockedStep};
@@ -172,9 +172,12 @@ pub fn push(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Resul
         Ok(Outcome::Moved(bytes.len() as u64))
     })?;
     transfer.objects = sound.len();
+    // Only a transcript the lock records the hash of is shared, and only when it has it.
     let mut transcripts = Vec::new();
     for step in &lock.steps {
-        if let Some(text) = cache.transcript(&step.key)? {
+        if let (Some(hash), Some(text)) = (&step.transcript, cache.transcript(&step.key)?)
+            && sha256_hex(text.as_bytes()) == *hash
+        {
             transcripts.push((step.key.clone(), text));
         }
     }
@@ -223,19 +226,30 @@ pub fn pull(lock: &Lock, cache: &Cache, remote: &Remote, package: &str) -> Resul
         .iter()
         .filter(|step| step.files.iter().any(|f| needed.iter().any(|n| n.sha256 == f.sha256)))
         .collect();
-    let (moved, _) = each(&steps, |step| {
-        if cache.transcript(&step.key)?.is_some() {
+    // Each checked against the hash the lock records, like a file: one that does not have it
+    // is refused, and one the lock records no hash of is not fetched (nothing could vouch
+    // for it).
+    let (moved, refused_transcripts) = each(&steps, |step| {
+        let Some(hash) = &step.transcript else { return Ok(Outcome::Present) };
+        if cache.transcript(&step.key)?.is_some_and(|text| sha256_hex(text.as_bytes()) == *hash) {
             return Ok(Outcome::Present);
         }
         match remote.get(&format!("transcripts/{}.jsonl", step.key))? {
-            Some(bytes) => {
+            Some(bytes) if sha256_hex(&bytes) == *hash => {
                 cache.put_transcript(&step.key, &String::from_utf8_lossy(&bytes))?;
                 Ok(Outcome::Moved(bytes.len() as u64))
             }
+            Some(bytes) => Ok(Outcome::Refused(format!(
+                "the transcript of step {} hashes to {}, not to what promptgen.lock records ({}): it was not used",
+                step.id,
+                short(&sha256_hex(&bytes)),
+                short(hash)
+            ))),
             None => Ok(Outcome::Present),
         }
     })?;
     transfer.transcripts = moved.moved;
+    let refused: Vec<String> = refused.into_iter().chain(refused_transcripts).collect();
     if !refused.is_empty() {
         return Err(RemoteError::Incomplete {
             remote: remote.describe(),

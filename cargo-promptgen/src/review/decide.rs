@@ -39,6 +39,8 @@ pub struct AcceptReport {
     pub accepted: Vec<String>,
     /// Pending steps that no longer match their declaration, discarded.
     pub outdated: Vec<String>,
+    /// What a stopped run had left in the record, and what `accept` did about it first.
+    pub recovered: Vec<String>,
 }
 
 /// Records the pending results in the committed lock and store, without calling a model.
@@ -47,7 +49,7 @@ pub fn accept(chain: &Chain, layout: &Layout) -> Result<AcceptReport, Error> {
     let records = Records::read(layout)?;
     let Some(pending) = &records.pending else { return Ok(AcceptReport::default()) };
     let mut recorder = Recorder::open(chain, layout, &records, Destination::Committed)?;
-    let mut report = AcceptReport::default();
+    let mut report = AcceptReport { recovered: std::mem::take(&mut recorder.recovered), ..AcceptReport::default() };
     for assessed in plan(chain, &records)? {
         if assessed.state == StepState::Pending {
             let entry = assessed.entry.as_ref().expect("a pending step has its entry");

@@ -3,7 +3,7 @@
 use crate::config::{Chain, StoreMode};
 use crate::error::{Error, StaleStep};
 use crate::plan::assess::{StepState, plan, stale_steps};
-use crate::record::layout::Layout;
+use crate::record::layout::{Layout, STORE_DIR};
 use crate::record::records::Records;
 
 /// The result of `cargo promptgen check`.
@@ -21,12 +21,16 @@ pub struct CheckReport {
     /// Stale steps whose only fault is that the local cache lacks their files
     /// (`store = "cache"`): `cargo promptgen pull` makes them fresh, no model needed.
     pub not_in_cache: Vec<String>,
+    /// What stopped runs left in the package, by path relative to it: staged and old folders
+    /// of steps in `promptgen/`, temporary files beside the lock. The record reads whole
+    /// through them; the next `cargo promptgen` finishes or removes them. Never to commit.
+    pub leftovers: Vec<String>,
 }
 
 impl CheckReport {
     /// Whether the committed lock and store are complete and current.
     pub fn is_fresh(&self) -> bool {
-        self.stale.is_empty() && self.pending.is_empty() && self.removed.is_empty()
+        self.stale.is_empty() && self.pending.is_empty() && self.removed.is_empty() && self.leftovers.is_empty()
     }
 }
 
@@ -54,7 +58,20 @@ pub fn check(chain: &Chain, layout: &Layout) -> Result<CheckReport, Error> {
         .into_iter()
         .filter(|path| layout.store.mode == StoreMode::Cache || !removed.iter().any(|id| owned_by(path, id)))
         .collect();
-    Ok(CheckReport { stale, pending, removed, unowned, not_in_cache })
+    Ok(CheckReport { stale, pending, removed, unowned, not_in_cache, leftovers: leftovers(layout) })
+}
+
+/// What stopped runs left in the package: see [`CheckReport::leftovers`].
+pub fn leftovers(layout: &Layout) -> Vec<String> {
+    let store = layout.store();
+    let mut found: Vec<String> = store.leftovers().into_iter().map(|name| format!("{STORE_DIR}/{name}")).collect();
+    for name in codegen_core::fs::read_dir_names(&layout.package_dir).unwrap_or_default() {
+        let name = name.to_string_lossy();
+        if name.starts_with(".promptgen-tmp-") {
+            found.push(name.into_owned());
+        }
+    }
+    found
 }
 
 /// Whether the store path `path` is step `id`'s folder, something in it, or its transcript.

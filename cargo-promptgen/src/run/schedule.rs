@@ -61,6 +61,9 @@ pub struct ChainResult {
     /// Stale steps that were not asked for ([`Schedule::only`]), and the steps that run after
     /// them, in the chain's order: still stale.
     pub left: Vec<String>,
+    /// What a stopped run had left in the record, and what this one did about it before it
+    /// wrote anything (see `record::commit::recover`).
+    pub recovered: Vec<String>,
     /// The tree of every usable record, each step's files over those of the steps it runs
     /// after.
     pub tree: Files,
@@ -247,7 +250,7 @@ impl Schedule<'_> {
         let records = Records::read(layout)?;
         let mut recorder = Recorder::open(chain, layout, &records, destination)?;
         let mut steps = Steps::new(chain);
-        let mut result = ChainResult::default();
+        let mut result = ChainResult { recovered: std::mem::take(&mut recorder.recovered), ..ChainResult::default() };
         // Each step's files as recorded before this run, read when a step first needs the rest
         // of the chain mounted for its check. Not updated as steps finish: what a step's check
         // mounts must not depend on which independent steps happened to finish first.

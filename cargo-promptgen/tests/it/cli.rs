@@ -34,7 +34,7 @@ fn three_step_package(server: &FakeLlm) -> Package {
 }
 
 #[test]
-fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_output_changes() {
+fn step_flag_regenerates_that_step_and_leaves_the_steps_after_it_stale_when_its_output_changes() {
     let server = FakeLlm::start(one_run());
     let package = three_step_package(&server);
     let url = server.url();
@@ -52,21 +52,35 @@ fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_outpu
     assert!(err.contains("1 of 3 steps regenerated"), "{err}");
     assert_eq!(package.read("promptgen.lock"), lock, "an identical result records an identical lock");
 
-    // Different output: 02 and 03 follow, because what 01 hands over changed.
+    // Different output: 01 is recorded, and 02 and 03, which what 01 hands over changed, are
+    // left stale for the next run, which the summary names: `--step` is the unit of iteration.
     server.push(write("a.rs", A2));
     server.push(finish());
+    let out = run(package.promptgen(&["run", "--step", "01"]).env("PROMPTGEN_BASE_URL", &url));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), 10, "{}", text(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("step 02: running") && !err.contains("step 03: running"), "{err}");
+    for id in ["02", "03"] {
+        assert!(err.contains(&format!("step {id} is now stale: run `cargo promptgen -p {}`", package.name)), "{err}");
+    }
+    assert!(err.contains("1 of 3 steps regenerated"), "{err}");
+    assert_eq!(package.read("promptgen/01/a.rs"), A2);
+    let out = run(&mut package.promptgen(&["check"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(stdout(&out).contains("step 02: the previous step's output changed"), "{}", text(&out));
+    // The next run without `--step` brings them up to date.
     server.push(write("b.rs", B));
     server.push(finish());
     server.push(write("c.rs", C));
     server.push(finish());
-    let out = run(package.promptgen(&["run", "--step", "01"]).env("PROMPTGEN_BASE_URL", &url));
+    let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", &url));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 14, "{}", text(&out));
     let err = stderr(&out);
     assert!(err.contains("step 02: running, because the previous step's output changed"), "{err}");
     assert!(err.contains("step 03: running, because the previous step's output changed"), "{err}");
-    assert!(err.contains("3 of 3 steps regenerated"), "{err}");
-    assert_eq!(package.read("promptgen/01/a.rs"), A2);
+    assert!(err.contains("2 of 3 steps regenerated"), "{err}");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
@@ -86,10 +100,10 @@ fn step_flag_regenerates_a_fresh_step_and_later_steps_follow_only_when_its_outpu
     }
     assert!(err.contains("3 of 3 steps regenerated"), "{err}");
 
-    // An unknown step is refused before anything runs, naming the steps there are.
+    // An unknown step is a usage error, refused before anything runs, naming the steps there are.
     let lock = package.read("promptgen.lock");
     let out = run(package.promptgen(&["--step", "99"]).env("PROMPTGEN_BASE_URL", &url));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let err = stderr(&out);
     assert!(err.contains("there is no step `99`") && err.contains("its steps are: 01, 02, 03"), "{err}");
     assert_eq!(server.requests().len(), 20);
@@ -490,7 +504,7 @@ fn packages_are_chosen_and_their_workspace_found_as_cargo_does() {
         assert!(stdout(&out).contains("from-the-workspace"), "{}", text(&out));
     }
     let out = promptgen(&["status", "-p", "member@9.9.9"], ".");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "a usage error: {}", text(&out));
     assert!(
         stderr(&out).contains("no package `member@9.9.9`") && stderr(&out).contains("member@0.3.0"),
         "{}",

@@ -208,18 +208,22 @@ fn a_chain_from_nothing_puts_off_what_a_later_step_owns_and_checks_it_in_full_at
     ] {
         assert!(err.contains(phrase), "expected `{phrase}` in:\n{err}");
     }
-    // With the chain complete, running the step again gives the model the failing test.
+    // With the chain complete, running the step again gives the model the failing test; the
+    // step after it, whose input changed, is left for the next run.
     server.push(write("a.rs", wrong));
     server.push(finish());
     server.push(write("a.rs", A));
     server.push(finish());
-    server.push(write("b.rs", B));
-    server.push(finish());
     let out = promptgen_offline(&package, &server, &["--step", "01"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let requests = server.requests();
-    let told = last_message(&requests[requests.len() - 4]);
+    let told = last_message(&requests[requests.len() - 2]);
     assert!(told.contains("test `tests::a_says_a`") && told.contains("\"A\""), "{told}");
+    assert!(stderr(&out).contains("step 02 is now stale"), "{}", text(&out));
+    server.push(write("b.rs", B));
+    server.push(finish());
+    let out = promptgen_offline(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
 #[test]

@@ -147,6 +147,34 @@ fn a_step_sees_the_files_of_the_steps_it_runs_after_and_nothing_of_the_others() 
 }
 
 #[test]
+fn the_log_page_draws_the_edges_of_after_as_graph_does() {
+    let server = FakeLlm::start(Vec::new());
+    for (id, file, content) in [("01", "a.rs", A), ("02", "b.rs", B), ("03", "c.rs", C), ("04", "d.rs", D)] {
+        route(&server, id, file, content);
+    }
+    let package = diamond(&diamond_chain());
+    let out = promptgen(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let page = package.path("chain.html");
+    let out = run(&mut package.promptgen(&["log", "--html", page.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let html = std::fs::read_to_string(&page).unwrap();
+    // Each step's box, and where it is: its column is one past those of the steps it runs
+    // after.
+    let x_of = |id: &str| -> usize {
+        let at = html.find(&format!("<a href=\"#step-{id}\">")).unwrap_or_else(|| panic!("no box for {id}"));
+        let rest = &html[at..];
+        let x = rest.find("<rect x=\"").unwrap() + "<rect x=\"".len();
+        rest[x..].split('"').next().unwrap().parse().unwrap()
+    };
+    let (x1, x2, x3, x4) = (x_of("01"), x_of("02"), x_of("03"), x_of("04"));
+    assert!(x1 < x2 && x2 == x3 && x3 < x4, "columns: {x1} {x2} {x3} {x4}");
+    // One arrow per dependency: 01 -> 02, 01 -> 03, 02 -> 04, 03 -> 04 (a line would have 3).
+    let svg = &html[html.find("<svg").unwrap()..html.find("</svg>").unwrap()];
+    assert_eq!(svg.matches("<line ").count(), 4, "{svg}");
+}
+
+#[test]
 fn an_edit_regenerates_the_step_and_its_dependents_only_and_status_check_and_graph_say_why() {
     let server = FakeLlm::start(Vec::new());
     for (id, file, content) in [("01", "a.rs", A), ("02", "b.rs", B), ("03", "c.rs", C), ("04", "d.rs", D)] {

@@ -339,7 +339,7 @@ fn log_shows_a_conversation_with_its_refusal_repair_and_check_round() {
 
     // An unknown step is named with the ones there are.
     let log = run(&mut package.promptgen(&["log", "07"]));
-    assert_eq!(log.status.code(), Some(1));
+    assert_eq!(log.status.code(), Some(2), "a usage error");
     assert!(stderr(&log).contains("there is no step `07`"), "{}", text(&log));
 }
 

@@ -158,13 +158,13 @@ fn step_history(
 
     let mut available = Vec::new();
     let recorded_text = match recorded {
-        Some(entry) => records.store.transcript(entry)?.map(|text| (text, store_origin(&records.store, layout, entry))),
+        Some(entry) => verified(records.store.transcript(entry), id)?
+            .map(|text| (text, store_origin(&records.store, layout, entry))),
         None => None,
     };
     let pending_store = Storage::Folder(records.pending_store.clone());
     let pending_text = match pending {
-        Some(entry) => pending_store
-            .transcript(entry)?
+        Some(entry) => verified(pending_store.transcript(entry), id)?
             .map(|text| (text, display(&records.pending_store.transcript_path(id), layout))),
         None => None,
     };
@@ -275,6 +275,19 @@ fn from_attempt(kind: Kind, attempt: &Attempt, layout: &Layout) -> anyhow::Resul
         error: attempt.header.error.clone(),
         partial: attempt.header.partial.clone(),
     })
+}
+
+/// A stored transcript, or none when it is not the one the lock records: never shown as the
+/// conversation that made the files, and said so.
+fn verified(transcript: Result<Option<String>, cargo_promptgen::Error>, id: &str) -> anyhow::Result<Option<String>> {
+    match transcript {
+        Ok(text) => Ok(text),
+        Err(error @ cargo_promptgen::Error::DamagedStore { .. }) => {
+            eprintln!("warning: step {id}: {error}");
+            Ok(None)
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Whether `timed` is `plain` with volatile fields added: the same events otherwise.

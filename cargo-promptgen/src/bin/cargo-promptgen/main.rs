@@ -453,6 +453,9 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
     .bring_up_to_date(&mut |p| live.show(p));
     live.finish();
     let result = result?;
+    for note in &result.recovered {
+        eprintln!("note: {note}");
+    }
     if !result.failed.is_empty() {
         eprintln!();
         print_status(&chain, &layout)?;
@@ -644,8 +647,15 @@ fn check(selection: &Selection) -> anyhow::Result<ExitCode> {
             chain.package_name
         );
     }
+    for path in &report.leftovers {
+        println!(
+            "{path} was left by a run that was stopped (killed, or a crash): the record reads whole without it, and \
+             `cargo promptgen -p {}` finishes what it holds or removes it; do not commit it",
+            chain.package_name
+        );
+    }
     if report.stale.is_empty() {
-        if !report.removed.is_empty() {
+        if !report.removed.is_empty() || !report.leftovers.is_empty() {
             return Ok(ExitCode::from(1));
         }
         println!("All {} steps of {} are fresh.", chain.steps.len(), chain.package_name);
@@ -742,6 +752,9 @@ fn accept(selection: &Selection) -> anyhow::Result<ExitCode> {
     let Package { chain, layout } = open(selection, &Overrides::default())?;
     let _guard = ProcessLock::acquire(&layout)?;
     let report = report::accept(&chain, &layout)?;
+    for note in &report.recovered {
+        eprintln!("note: {note}");
+    }
     if report.accepted.is_empty() && report.outdated.is_empty() {
         println!("Nothing to accept: no build left results for {}.", chain.package_name);
     }
