@@ -153,6 +153,8 @@ fn a_model_that_never_fixes_its_code_fails_the_step_and_changes_nothing() {
     assert_eq!(out.status.code(), Some(0), "the recorded good step still stands: {}", text(&out));
 }
 
+/// A step may change a file of a step it runs after when it declares it among its outputs
+/// (a step writes only its declared outputs).
 #[test]
 fn a_later_step_that_breaks_an_earlier_file_is_refused_until_it_restores_it() {
     let server = FakeLlm::start(vec![
@@ -164,7 +166,8 @@ fn a_later_step_that_breaks_an_earlier_file_is_refused_until_it_restores_it() {
         write("a.rs", A2),
         finish(),
     ]);
-    let package = Package::lettered(&two_steps(), 2);
+    let metadata = two_steps().replace("outputs = [\"b.rs\"]", "outputs = [\"b.rs\", \"a.rs\"]");
+    let package = Package::lettered(&metadata, 2);
     let out = run(package.promptgen(&[]).env("PROMPTGEN_BASE_URL", server.url()));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 7, "{}", text(&out));
