@@ -72,12 +72,15 @@ impl Recorder {
 
     /// Records a step that ran: its files and transcript are staged, its entry is written to
     /// the lock (the commit point), then the staged files are moved into place. A result the
-    /// lock already records (the same key and the same files) changes nothing: the record,
-    /// and the conversation it names, stay as they are.
+    /// lock already records, with its files sound where they are kept (the same key and the
+    /// same files), changes nothing: the record, and the conversation it names, stay as they
+    /// are.
     #[cfg(feature = "online")]
     pub fn record(&mut self, entry: &LockedStep, files: &Files, transcript: &str) -> Result<(), Error> {
-        let same = |recorded: &LockedStep| recorded.key == entry.key && recorded.files == entry.files;
-        if self.lock.step(&entry.id).is_some_and(same) {
+        let kept = |recorded: &LockedStep| {
+            recorded.key == entry.key && recorded.files == entry.files && self.store.load(recorded).is_ok()
+        };
+        if self.lock.step(&entry.id).is_some_and(kept) {
             return Ok(());
         }
         self.commit(entry, files, Some(transcript))
