@@ -155,6 +155,16 @@
 //! no JSON escaping of code. When Ollama answers that a model "does not support tools", the
 //! step falls back to `Json` by itself and notes it in [`StepOutput::notes`].
 //!
+//! # Constrained decoding
+//!
+//! By default ([`Constrain::Auto`], [`Step::constrain`]) a step asks the server to enforce its
+//! protocol where the server can: a JSON schema for `json`, a GBNF grammar for `blocks`, a
+//! required tool call for `native` (or, where the server cannot require one, the `json`
+//! protocol under a schema). Each turn's constraint admits only the calls that can succeed
+//! then: writes to declared outputs, reads of readable files, `finish` once every output
+//! exists. A server that rejects the constraint is asked again without it, once. See
+//! [`constrain`] for which servers enforce what.
+//!
 //! # When the model gets it wrong
 //!
 //! A malformed call (bad JSON, unknown tool, missing argument, a path the sandbox refuses,
@@ -171,6 +181,7 @@ mod cancel;
 pub mod chat;
 pub mod check;
 mod compile_time;
+pub mod constrain;
 pub mod fs;
 mod protocol;
 mod report;
@@ -180,6 +191,7 @@ mod tools;
 pub mod transcript;
 
 pub use cancel::Cancel;
+pub use constrain::Constrain;
 pub use fs::FsError;
 pub use protocol::ToolProtocol;
 pub use report::error_with_causes;

@@ -7,6 +7,7 @@ use crate::backend::{Backend, BackendError, ChatRequest, Delivery, Progress};
 use crate::cancel::Cancel;
 use crate::chat::{Arguments, Message, ToolCall, ToolSpec};
 use crate::check::{Check, CheckError, CheckOutcome, Diagnostics};
+use crate::constrain::{self, Admissible, Constrain, Constraint, ConstraintKind, Enforcement};
 use crate::protocol::ToolProtocol;
 use crate::protocol::blocks::{self, BlockCommand};
 use crate::protocol::text::{self, TextCalls};
@@ -36,6 +37,7 @@ pub struct Step {
     pub(crate) protocol: ToolProtocol,
     pub(crate) outputs: Vec<String>,
     pub(crate) check_rounds: u32,
+    pub(crate) constrain: Constrain,
     pub(crate) cancel: Option<Cancel>,
 }
 
@@ -48,7 +50,8 @@ impl Step {
 
     /// A step that sends `prompt` to `model`, with the defaults: no system prompt of the
     /// user's, the server's default seed and temperature, [`Step::DEFAULT_MAX_MODEL_CALLS`] model
-    /// calls, the [`ToolProtocol::Native`] protocol, and no declared outputs.
+    /// calls, the [`ToolProtocol::Native`] protocol, no declared outputs, and
+    /// [`Constrain::Auto`].
     pub fn new(model: impl Into<String>, prompt: impl Into<String>) -> Step {
         Step {
             model: model.into(),
@@ -60,6 +63,7 @@ impl Step {
             protocol: ToolProtocol::Native,
             outputs: Vec::new(),
             check_rounds: Step::DEFAULT_CHECK_ROUNDS,
+            constrain: Constrain::Auto,
             cancel: None,
         }
     }
@@ -106,6 +110,13 @@ impl Step {
     /// (each round also counts against `max_model_calls`).
     pub fn check_rounds(&mut self, rounds: u32) -> &mut Step {
         self.check_rounds = rounds;
+        self
+    }
+
+    /// Whether the server is asked to enforce the protocol (see [`crate::constrain`]):
+    /// [`Constrain::Auto`] by default.
+    pub fn constrain(&mut self, constrain: Constrain) -> &mut Step {
+        self.constrain = constrain;
         self
     }
 
@@ -311,6 +322,14 @@ pub enum Error {
     },
 }
 
+/// Whether an error status to a constrained request may be the server refusing the
+/// constraint (a schema or grammar it cannot compile, a field it does not know): a client
+/// error or a server error, except the ones that say something else (authentication, a model
+/// it does not serve, a timeout, a conflict, a rate limit).
+fn rejects_a_constraint(status: u16) -> bool {
+    (400..600).contains(&status) && ![401, 403, 404, 408, 409, 429].contains(&status)
+}
+
 fn missing_text(missing: &[String]) -> String {
     if missing.is_empty() { String::new() } else { format!("; still missing: {}", missing.join(", ")) }
 }
@@ -330,6 +349,10 @@ struct Run<'a> {
     started: Instant,
     check: Option<&'a mut dyn Check>,
     check_failures: u32,
+    /// What constrains each request, once the plan is made (`None`: nothing).
+    constrained_by: Option<ConstraintKind>,
+    /// The reply cap the server was opened with, which bounds a constrained file's length.
+    max_output_tokens: Option<u32>,
 }
 
 /// One tool call to run, wherever it came from.
@@ -371,6 +394,8 @@ impl<'a> Run<'a> {
             started: Instant::now(),
             check,
             check_failures: 0,
+            constrained_by: None,
+            max_output_tokens: None,
         }
     }
 
@@ -400,6 +425,10 @@ impl<'a> Run<'a> {
             max_model_calls: self.step.max_model_calls,
             volatile: Some(StartVolatile { location: self.backend.location() }),
         });
+        if self.step.constrain == Constrain::Auto {
+            let enforcement = self.backend.enforcement();
+            self.plan_constraint(&enforcement);
+        }
         let system = self.system_prompt();
         self.push_message(Message::system(system));
         self.push_message(Message::user(self.step.prompt.clone()));
@@ -448,14 +477,19 @@ impl<'a> Run<'a> {
                     last_problem: self.last_problem.clone(),
                 });
             }
-            let specs: Vec<ToolSpec> =
-                if self.protocol == ToolProtocol::Native { tools::specs_for(self.check.is_some()) } else { Vec::new() };
+            let constraint = self.constraint();
+            let specs: Vec<ToolSpec> = match (self.protocol, &constraint) {
+                (ToolProtocol::Native, Some(Constraint::ToolCall)) => self.admissible().tools(),
+                (ToolProtocol::Native, _) => tools::specs_for(self.check.is_some()),
+                _ => Vec::new(),
+            };
             let request = ChatRequest {
                 model: &self.step.model,
                 messages: &self.history,
                 tools: &specs,
                 seed: self.step.seed,
                 temperature: self.step.temperature,
+                constraint: constraint.as_ref(),
             };
             let sent_at = Instant::now();
             let observer = &mut *self.observer;
@@ -465,6 +499,12 @@ impl<'a> Run<'a> {
                     if self.protocol == ToolProtocol::Native =>
                 {
                     self.fall_back_to_json(&model, server_message);
+                    continue;
+                }
+                Err(BackendError::Status { status, server_message, .. })
+                    if constraint.is_some() && rejects_a_constraint(status) =>
+                {
+                    self.unconstrain(status, server_message);
                     continue;
                 }
                 Err(BackendError::Cancelled { .. }) => {
@@ -488,10 +528,12 @@ impl<'a> Run<'a> {
                 messages_sent,
                 usage: response.usage,
                 finish_reason: response.finish_reason.clone(),
+                constraint: constraint.as_ref().map(Constraint::digest),
                 volatile: Some(CallVolatile {
                     duration: sent_at.elapsed(),
                     retries: response.retries,
                     delivery: response.delivery,
+                    prompt_cache: response.prompt_cache,
                 }),
             });
             let cut_off = response.finish_reason.as_deref() == Some("length");
@@ -500,6 +542,59 @@ impl<'a> Run<'a> {
                 ended => return Ok(ended),
             }
         }
+    }
+
+    /// Decides how the step is constrained against a server that enforces `enforcement`, and
+    /// records it.
+    fn plan_constraint(&mut self, enforcement: &Enforcement) {
+        let plan = constrain::plan(self.protocol, enforcement);
+        self.protocol = plan.protocol;
+        self.constrained_by = plan.kind;
+        self.max_output_tokens = enforcement.max_output_tokens;
+        if let Some(note) = plan.note {
+            self.notes.push(note);
+        }
+        if let Some(by) = plan.kind {
+            self.record(Event::Constrained { protocol: plan.protocol, by, server: enforcement.server.clone() });
+        }
+    }
+
+    /// This turn's constraint: the plan's kind, made of what may be called now.
+    fn constraint(&self) -> Option<Constraint> {
+        Some(match self.constrained_by? {
+            ConstraintKind::JsonSchema => Constraint::JsonSchema(self.admissible().json_schema()),
+            ConstraintKind::Grammar => Constraint::Grammar(self.admissible().grammar()),
+            ConstraintKind::ToolCall => Constraint::ToolCall,
+        })
+    }
+
+    /// What the loop would accept now.
+    fn admissible(&self) -> Admissible {
+        let readable = match self.sandbox.list_files(None) {
+            Ok(files) if files.len() <= Admissible::MAX_LISTED => Some(files),
+            _ => None,
+        };
+        let cap = self.max_output_tokens.unwrap_or(crate::backend::BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS);
+        Admissible {
+            writable: self.step.outputs.clone(),
+            readable,
+            finish: self.missing_outputs().is_empty(),
+            check: self.check.is_some(),
+            max_content_chars: Admissible::content_chars_for(cap),
+        }
+    }
+
+    /// The server refused a constrained request: go on without the constraint, and say so.
+    /// The refused request generated nothing, so it does not count as a call.
+    fn unconstrain(&mut self, status: u16, server_message: String) {
+        let by = self.constrained_by.take().map(ConstraintKind::describe).unwrap_or("a constraint");
+        self.notes.push(format!(
+            "{} answered HTTP {status} to a request constrained by {by}, so this step went on unconstrained; set \
+             `constrain = \"off\"` to skip the refused request. The server said: {}",
+            self.backend.location(),
+            crate::report::excerpt(&server_message, 200)
+        ));
+        self.record(Event::Unconstrained { reason: format!("HTTP {status}: {server_message}") });
     }
 
     /// The server rejected native tools: describe them in the system prompt instead, and

@@ -12,9 +12,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendKind, Delivery, RetryRecord, Usage};
+use crate::backend::{BackendKind, Delivery, PromptCache, RetryRecord, Usage};
 use crate::chat::{Arguments, Message};
 use crate::check::Findings;
+#[cfg(doc)]
+use crate::constrain::Constraint;
+use crate::constrain::ConstraintKind;
 use crate::protocol::ToolProtocol;
 
 /// The record of one step.
@@ -66,6 +69,10 @@ pub enum Event {
         usage: Usage,
         /// Why the model stopped, as the server says it.
         finish_reason: Option<String>,
+        /// The digest of the constraint the request carried ([`Constraint::digest`]); absent
+        /// when it carried none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        constraint: Option<String>,
         /// Timing and retries.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         volatile: Option<CallVolatile>,
@@ -114,6 +121,21 @@ pub enum Event {
         /// The protocol used from then on.
         to: ToolProtocol,
         /// Why, in the server's words.
+        reason: String,
+    },
+    /// The step's requests are constrained from here on (see [`crate::constrain`]).
+    Constrained {
+        /// The protocol the step runs in (`json` for a `native` step the server cannot
+        /// constrain natively).
+        protocol: ToolProtocol,
+        /// What constrains each request.
+        by: ConstraintKind,
+        /// The server, as identified.
+        server: String,
+    },
+    /// The server rejected the constraint: the step goes on without it.
+    Unconstrained {
+        /// The server's answer.
         reason: String,
     },
     /// The step ended.
@@ -194,6 +216,9 @@ pub struct CallVolatile {
     pub retries: Vec<RetryRecord>,
     /// Whether the reply streamed, and why not when a streamed request failed.
     pub delivery: Delivery,
+    /// What the server read of the prompt and took from its cache, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<PromptCache>,
 }
 
 /// The run-dependent part of [`Event::End`].
@@ -216,13 +241,26 @@ impl Event {
             Event::Repair { .. } => "repair",
             Event::Check { .. } => "check",
             Event::Fallback { .. } => "fallback",
+            Event::Constrained { .. } => "constrained",
+            Event::Unconstrained { .. } => "unconstrained",
             Event::End { .. } => "end",
         }
     }
 }
 
 /// Every kind of [`Event`], as the `event` field names it.
-pub const EVENT_KINDS: [&str; 8] = ["start", "message", "model_call", "tool_run", "repair", "check", "fallback", "end"];
+pub const EVENT_KINDS: [&str; 10] = [
+    "start",
+    "message",
+    "model_call",
+    "tool_run",
+    "repair",
+    "check",
+    "fallback",
+    "constrained",
+    "unconstrained",
+    "end",
+];
 
 /// One line of a transcript, read back.
 #[derive(Debug, Clone, PartialEq)]
@@ -394,6 +432,7 @@ mod tests {
                 messages_sent: 2,
                 usage: Usage { prompt_tokens: Some(10), completion_tokens: Some(3) },
                 finish_reason: Some("stop".into()),
+                constraint: Some("sha256:0123456789abcdef".into()),
                 volatile: Some(CallVolatile {
                     duration: Duration::from_millis(1234),
                     retries: vec![RetryRecord {
@@ -402,6 +441,7 @@ mod tests {
                         waited: Duration::from_millis(500),
                     }],
                     delivery: Delivery::Fallback("the stream ended early".into()),
+                    prompt_cache: Some(PromptCache { read: 7, reused: Some(3) }),
                 }),
             },
             Event::ToolRun {
@@ -430,6 +470,8 @@ mod tests {
                 put_off: Some("step 02 writes b.rs".into()),
             },
             Event::Fallback { from: ToolProtocol::Native, to: ToolProtocol::Json, reason: "no tools".into() },
+            Event::Constrained { protocol: ToolProtocol::Json, by: ConstraintKind::JsonSchema, server: "llama-server".into() },
+            Event::Unconstrained { reason: "HTTP 400: grammar".into() },
             Event::End {
                 outcome: EndOutcome::Finished,
                 summary: Some("done".into()),
@@ -465,8 +507,8 @@ mod tests {
                     Event::Start { model, backend, protocol, seed, temperature, max_model_calls, .. } => {
                         Event::Start { model, backend, protocol, seed, temperature, max_model_calls, volatile: None }
                     }
-                    Event::ModelCall { number, messages_sent, usage, finish_reason, .. } => {
-                        Event::ModelCall { number, messages_sent, usage, finish_reason, volatile: None }
+                    Event::ModelCall { number, messages_sent, usage, finish_reason, constraint, .. } => {
+                        Event::ModelCall { number, messages_sent, usage, finish_reason, constraint, volatile: None }
                     }
                     Event::End { outcome, summary, .. } => Event::End { outcome, summary, volatile: None },
                     other => other,

@@ -484,16 +484,35 @@ pub enum Moment {
     Answered(usize),
 }
 
+/// Which server a [`FakeLlm`] says it is, to the questions a client asks before chatting
+/// ([`FakeLlm::identify_as`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Identity {
+    /// Says nothing: `GET …/models` is 404, `GET …/api/version` is `0.0.0-fake`.
+    #[default]
+    Anonymous,
+    /// llama.cpp's llama-server: its models are `owned_by: "llamacpp"`.
+    LlamaServer,
+    /// llama-cpp-python: `owned_by: "me"`.
+    LlamaCppPython,
+    /// vLLM: `owned_by: "vllm"`.
+    Vllm,
+    /// Ollama of this version (`GET /api/version`; `/v1/models` is `owned_by: "library"`).
+    Ollama(String),
+}
+
 /// A scripted fake LLM server on `127.0.0.1` with an ephemeral port.
 ///
 /// Every request (on any path) consumes the next scripted [`Reply`], except the discovery
-/// endpoints `GET …/api/version` (`{"version":"0.0.0-fake"}`) and `GET …/health`
-/// (`{"status":"ok"}`), which are answered without touching the script. When the script is
+/// endpoints, which are answered without touching the script as the server's [`Identity`]
+/// says: `GET …/api/version` (`{"version":"0.0.0-fake"}` unless it is Ollama), `GET …/models`
+/// (404 unless it is identified) and `GET …/health` (`{"status":"ok"}`). When the script is
 /// exhausted the server answers 500 with a protocol-shaped error saying
 /// `fake LLM server: script exhausted after N replies`.
 ///
-/// Every request, including discovery ones and ones answered with errors or misbehaviour, is
-/// recorded *before* it is answered. Malformed requests (which have no method or path to
+/// Every request, including ones answered with errors or misbehaviour, is recorded *before*
+/// it is answered: chat requests in [`FakeLlm::requests`], discovery ones in
+/// [`FakeLlm::discovery`]. Malformed requests (which have no method or path to
 /// record) are answered 400 and not recorded.
 ///
 /// Replies can also be routed by what a request carries ([`FakeLlm::route`]), so that clients
@@ -534,6 +553,8 @@ struct State {
     /// Scripted replies handed out so far.
     served: usize,
     requests: Vec<RecordedRequest>,
+    discovery: Vec<RecordedRequest>,
+    identity: Identity,
     /// Counter for generated OpenAI tool call ids.
     next_call_id: u64,
     /// TCP connections accepted so far.
@@ -569,6 +590,8 @@ impl FakeLlm {
                 timeline: Vec::new(),
                 served: 0,
                 requests: Vec::new(),
+                discovery: Vec::new(),
+                identity: Identity::default(),
                 next_call_id: 1,
                 connections: 0,
                 open: HashMap::new(),
@@ -629,9 +652,20 @@ impl FakeLlm {
     }
 
     /// Every request received so far, in order (including ones answered with errors or
-    /// misbehaviour, and discovery requests).
+    /// misbehaviour), except discovery requests.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.lock().requests.clone()
+    }
+
+    /// The discovery requests received so far (`GET …/models`, `…/api/version`, `…/health`),
+    /// in order.
+    pub fn discovery(&self) -> Vec<RecordedRequest> {
+        self.shared.lock().discovery.clone()
+    }
+
+    /// Answers the discovery requests as `identity` would.
+    pub fn identify_as(&self, identity: Identity) {
+        self.shared.lock().identity = identity;
     }
 
     /// Replies not yet served.
@@ -865,15 +899,33 @@ fn respond(
         .ok()
         .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "fake-model".to_owned());
-    state.requests.push(request);
-
     let ok = |body: Value| Action::Respond { status: 200, headers: Vec::new(), body: body.to_string() };
-    if is_get && path.ends_with("/api/version") {
-        return (ok(json!({ "version": "0.0.0-fake" })), false);
+    let discovery = is_get && ["/api/version", "/health", "/models"].iter().any(|end| path.ends_with(end));
+    if discovery {
+        state.discovery.push(request);
+        let owner = match &state.identity {
+            Identity::Anonymous => None,
+            Identity::LlamaServer => Some("llamacpp"),
+            Identity::LlamaCppPython => Some("me"),
+            Identity::Vllm => Some("vllm"),
+            Identity::Ollama(_) => Some("library"),
+        };
+        let action = if path.ends_with("/api/version") {
+            let version = match &state.identity {
+                Identity::Ollama(version) => version.clone(),
+                _ => "0.0.0-fake".to_owned(),
+            };
+            ok(json!({ "version": version }))
+        } else if path.ends_with("/health") {
+            ok(json!({ "status": "ok" }))
+        } else if let Some(owner) = owner {
+            ok(json!({ "object": "list", "data": [{ "id": model, "object": "model", "owned_by": owner }] }))
+        } else {
+            error_action(&path, 404, "fake LLM server: no model list", "not_found_error", None, Vec::new())
+        };
+        return (action, false);
     }
-    if is_get && path.ends_with("/health") {
-        return (ok(json!({ "status": "ok" })), false);
-    }
+    state.requests.push(request);
 
     let computed = match (&state.responder, route, chat_protocol(&path)) {
         (Some(responder), None, Some(_)) => {

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Moment, Reply, Turn, refused_url};
+use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Identity, Moment, Reply, Turn, refused_url};
 use reqwest::blocking::{Client, Response};
 use serde_json::{Value, json};
 
@@ -312,15 +312,32 @@ fn discovery_endpoints_do_not_consume_the_script() {
     let body: Value = client.post(format!("{}/health", server.url())).send().unwrap().json().unwrap();
     assert_eq!(body, json!({"scripted": 1}));
 
+    let asked: Vec<_> = server.discovery().into_iter().map(|r| (r.method, r.path)).collect();
+    assert_eq!(asked, [("GET".to_owned(), "/api/version".to_owned()), ("GET".to_owned(), "/health".to_owned())]);
     let seen: Vec<_> = server.requests().into_iter().map(|r| (r.method, r.path)).collect();
-    assert_eq!(
-        seen,
-        [
-            ("GET".to_owned(), "/api/version".to_owned()),
-            ("GET".to_owned(), "/health".to_owned()),
-            ("POST".to_owned(), "/health".to_owned()),
-        ]
-    );
+    assert_eq!(seen, [("POST".to_owned(), "/health".to_owned())]);
+}
+
+#[test]
+fn the_model_list_says_which_server_it_is() {
+    let server = FakeLlm::start(Vec::new());
+    let client = client();
+    let models = format!("{}/v1/models", server.url());
+    assert_eq!(client.get(&models).send().unwrap().status(), 404, "anonymous by default");
+    for (identity, owner) in [
+        (Identity::LlamaServer, "llamacpp"),
+        (Identity::LlamaCppPython, "me"),
+        (Identity::Vllm, "vllm"),
+        (Identity::Ollama("0.6.2".into()), "library"),
+    ] {
+        server.identify_as(identity);
+        let list: Value = client.get(&models).send().unwrap().json().unwrap();
+        assert_eq!(list["data"][0]["owned_by"], owner, "{list}");
+    }
+    let version: Value = client.get(format!("{}/api/version", server.url())).send().unwrap().json().unwrap();
+    assert_eq!(version, json!({"version": "0.6.2"}));
+    assert_eq!(server.discovery().len(), 6);
+    assert!(server.requests().is_empty());
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -182,7 +182,7 @@ fn the_tools_are_rendered_into_the_prompt_the_model_sees() {
     let specs = codegen_core::__private::tools::specs_for(false);
     let mut ask = |tools: &[codegen_core::chat::ToolSpec]| {
         let request =
-            ChatRequest { model: "smollm2", messages: &messages, tools, seed: Some(1), temperature: Some(0.0) };
+            ChatRequest { model: "smollm2", messages: &messages, tools, seed: Some(1), temperature: Some(0.0), constraint: None };
         backend.chat(&request).unwrap_or_else(|e| panic!("{e}")).usage.prompt_tokens.unwrap_or(0)
     };
     let (without, with) = (ask(&[]), ask(&specs));
@@ -213,7 +213,7 @@ fn a_real_tool_call_round_trips_through_the_backend() {
         ));
     }
     let request =
-        ChatRequest { model: "smollm2", messages: &sent, tools: &specs, seed: Some(1), temperature: Some(0.0) };
+        ChatRequest { model: "smollm2", messages: &sent, tools: &specs, seed: Some(1), temperature: Some(0.0), constraint: None };
     let reply = backend.chat(&request).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "MEASURE {} tool call: finish_reason {:?}, {:?}",
@@ -235,7 +235,7 @@ fn a_real_tool_call_round_trips_through_the_backend() {
     messages.push(Message::assistant("", vec![call.clone()]));
     messages.push(Message::tool_result(&call, "Wrote hello.txt (11 bytes)."));
     let request =
-        ChatRequest { model: "smollm2", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0) };
+        ChatRequest { model: "smollm2", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0), constraint: None };
     let next = backend.chat(&request).unwrap_or_else(|e| panic!("the server refused our echo of its own call: {e}"));
     assert!(next.usage.prompt_tokens.unwrap_or(0) > 0, "{next:?}");
 }
@@ -650,7 +650,7 @@ fn a_server_frozen_in_the_middle_of_a_reply_is_a_stall_within_the_idle_timeout()
     let mut backend = config.open().unwrap();
     let messages = [codegen_core::chat::Message::user("Tell a long story about a lighthouse keeper.")];
     let request =
-        ChatRequest { model: "smollm2", messages: &messages, tools: &[], seed: Some(1), temperature: Some(0.0) };
+        ChatRequest { model: "smollm2", messages: &messages, tools: &[], seed: Some(1), temperature: Some(0.0), constraint: None };
     let mut frozen_after = None;
     let started = Instant::now();
     let result = backend.chat_observed(&request, &mut |progress| {

@@ -8,6 +8,7 @@ use super::error::BackendError;
 use super::http::RetryRecord;
 use super::kind::BackendKind;
 use crate::chat::{Message, ToolSpec};
+use crate::constrain::{Constraint, Enforcement};
 
 /// One request to the model: the whole history so far.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +23,9 @@ pub struct ChatRequest<'a> {
     pub seed: Option<u64>,
     /// Sampling temperature.
     pub temperature: Option<f64>,
+    /// What the server is to enforce on the reply (see [`crate::constrain`]); `None` for
+    /// nothing. Only a constraint the backend's [`Backend::enforcement`] said it enforces.
+    pub constraint: Option<&'a Constraint>,
 }
 
 /// The model's reply to a [`ChatRequest`].
@@ -38,6 +42,22 @@ pub struct ChatResponse {
     /// Whether it streamed: the same reply may arrive either way, so this is run-dependent
     /// (a transcript keeps it with the other volatile data).
     pub delivery: Delivery,
+    /// How much of the prompt the server read and how much it took from its cache, when it
+    /// says (run-dependent, like `delivery`).
+    pub prompt_cache: Option<PromptCache>,
+}
+
+/// How much of a prompt the server evaluated, and how much it reused from the previous
+/// request's cache: llama-server's `timings.prompt_n` and `timings.cache_n`, the
+/// `usage.prompt_tokens_details.cached_tokens` of OpenAI and others, Ollama's
+/// `prompt_eval_count` (which counts only what it read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptCache {
+    /// Prompt tokens the server evaluated for this request.
+    pub read: u64,
+    /// Prompt tokens it took from its cache instead; `None` when it does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reused: Option<u64>,
 }
 
 /// How a reply arrived.
@@ -96,6 +116,11 @@ pub trait Backend {
     fn kind(&self) -> BackendKind;
     /// Where it is, for messages: a URL, or the script's path.
     fn location(&self) -> String;
+    /// What the server can enforce on a reply (see [`crate::constrain`]). HTTP backends find
+    /// out once, on first asking, and remember it; the default enforces nothing.
+    fn enforcement(&mut self) -> Enforcement {
+        Enforcement::nothing(None)
+    }
     /// Sends the request and waits for the whole reply.
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError>;
     /// Sends the request and shows `progress` the reply as it streams in, then returns the

@@ -63,8 +63,9 @@ pub(crate) trait Wire {
     const HOLDS_BACK_TOOL_CALLS: bool;
     /// The request without its messages, which go in already encoded (see [`MessageCache`]).
     fn head(&self, request: &ChatRequest<'_>, ask: Ask) -> serde_json::Result<String>;
-    /// One message of the history as the server takes it.
-    fn encode(message: &Message) -> serde_json::Result<String>;
+    /// One message of the history as the server takes it; `sent` holds the argument text of
+    /// the calls the server generated, to echo them as they were.
+    fn encode(message: &Message, sent: &SentArguments) -> serde_json::Result<String>;
     /// A whole reply's 2xx body, read.
     fn read_whole(body: &str) -> Result<AssembledReply, Unread>;
     /// A decoder of the protocol's streamed replies.
@@ -88,7 +89,32 @@ pub(crate) struct Exchange {
     messages: MessageCache,
     ids: IdMinter,
     cannot: CannotStream,
+    sent: SentArguments,
 }
+
+/// The arguments of each tool call the server generated, as the text it generated, by call
+/// id. Echoing a call re-serialised (keys sorted, spacing changed) would make the history the
+/// server sees again differ from what it generated, and llama-server re-reads everything after
+/// the first difference instead of reusing its cache.
+#[derive(Debug, Default)]
+pub(crate) struct SentArguments {
+    by_id: std::collections::HashMap<String, (crate::chat::Arguments, String)>,
+}
+
+impl SentArguments {
+    /// The text to echo for `call`: what the server sent, when it still reads as the same
+    /// arguments (a whole JSON object); else `None`, and the caller serialises them.
+    pub fn text_of(&self, call: &ToolCall) -> Option<&str> {
+        match self.by_id.get(&call.id) {
+            Some((arguments, text)) if *arguments == call.arguments && matches!(call.arguments, crate::chat::Arguments::Object(_)) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+/// How long a question about the server may take: it answers from memory, but a local server
+/// may be busy loading a model.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What the server has shown it cannot stream, remembered for the backend's life so that later
 /// calls do not pay for a failed attempt again.
@@ -130,6 +156,7 @@ impl Exchange {
             messages: MessageCache::default(),
             ids: IdMinter::default(),
             cannot: CannotStream::default(),
+            sent: SentArguments::default(),
         })
     }
 
@@ -169,7 +196,8 @@ impl Exchange {
             detail: format!("could not encode the request: {e}"),
         };
         let head = wire.head(request, ask).map_err(encoding)?;
-        self.messages.body(&head, request.messages, W::encode).map_err(encoding)
+        let sent = &self.sent;
+        self.messages.body(&head, request.messages, |message| W::encode(message, sent)).map_err(encoding)
     }
 
     /// A whole reply, or the error its status or body says.
@@ -355,7 +383,13 @@ impl Exchange {
         let tool_calls = reply
             .tool_calls
             .into_iter()
-            .map(|call| ToolCall { id: self.ids.keep_or_mint(call.id), name: call.name, arguments: call.arguments })
+            .map(|call| {
+                let id = self.ids.keep_or_mint(call.id);
+                if let Some(text) = call.arguments_text {
+                    self.sent.by_id.insert(id.clone(), (call.arguments.clone(), text));
+                }
+                ToolCall { id, name: call.name, arguments: call.arguments }
+            })
             .collect();
         ChatResponse {
             message: Message::assistant(reply.content, tool_calls),
@@ -363,6 +397,16 @@ impl Exchange {
             finish_reason: reply.finish_reason,
             retries,
             delivery,
+            prompt_cache: reply.prompt_cache,
+        }
+    }
+
+    /// GETs `url` from the same server (with the same key), to find out what it is: the body
+    /// of a 2xx answer, else why there is none.
+    pub fn probe(&self, url: &str) -> Result<String, String> {
+        match self.http.probe(url, self.bearer.as_deref(), PROBE_TIMEOUT)? {
+            (status, body) if (200..300).contains(&status) => Ok(body),
+            (status, body) => Err(format!("HTTP {status}: {}", excerpt(&body, 120))),
         }
     }
 }

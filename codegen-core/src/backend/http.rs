@@ -313,6 +313,26 @@ impl HttpClient {
         self.runtime.block_on(async { self.cancel.guard(tokio::time::sleep(wait)).await }).is_none()
     }
 
+    /// GETs `url` once, without retries, within `limit`: the status and the body (at most
+    /// 1 MiB), or why there was none. For asking a server what it is; never a model call.
+    pub fn probe(&self, url: &str, bearer: Option<&str>, limit: Duration) -> Result<(u16, String), String> {
+        let mut request = self.client.get(url);
+        if let Some(key) = bearer {
+            request = request.bearer_auth(key);
+        }
+        match self.run(limit, async {
+            let response = request.send().await.map_err(BodyError::Transport)?;
+            let status = response.status().as_u16();
+            read_body(response, 1 << 20).await.map(|body| (status, body))
+        }) {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(BodyError::TooLarge)) => Err("its answer was over 1 MiB".to_string()),
+            Ok(Err(BodyError::Transport(err))) => Err(error_chain(&err)),
+            Err(Stop::Elapsed) => Err(format!("no answer within {} s", limit.as_secs())),
+            Err(Stop::Cancelled) => Err("cancelled".to_string()),
+        }
+    }
+
     /// POSTs `body`, JSON already encoded, and reads the whole reply (at most `max_bytes` of
     /// it) within [`HttpConfig::request_timeout`], retrying what [`RetryPolicy`] says to retry.
     pub fn post_json(

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::chat::Usage;
+use super::chat::{PromptCache, Usage};
 use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
 use super::wire::null_as_empty;
 use crate::chat::Arguments;
@@ -15,8 +15,10 @@ use {
     super::chat::{Backend, ChatRequest, ChatResponse, Progress},
     super::config::BackendConfig,
     super::error::BackendError,
-    super::exchange::{Ask, Exchange, Unread, Wire},
+    super::exchange::{Ask, Exchange, SentArguments, Unread, Wire},
     super::kind::BackendKind,
+    crate::constrain::{Constraint, Enforcement},
+    serde_json::value::RawValue,
     crate::chat::{Message, Role, ToolSpec},
 };
 
@@ -119,6 +121,40 @@ impl Backend for Ollama {
         self.host.clone()
     }
 
+    /// Ollama takes a JSON schema as `format` from 0.5.0 on (`GET /api/version` says which
+    /// this is); nothing else: it has no grammar field, and it drops tool calls when `format`
+    /// comes with `tools`, so a native step is carried in the `json` protocol.
+    fn enforcement(&mut self) -> Enforcement {
+        let url = format!("{}/api/version", self.host);
+        let version = match self.exchange.probe(&url) {
+            Ok(body) => serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|value| value["version"].as_str().map(str::to_string))
+                .unwrap_or_default(),
+            // Not Ollama, or not up: the chat request says what is wrong.
+            Err(_) => return Enforcement::nothing(None),
+        };
+        let numbers: Vec<u64> =
+            version.split(['.', '-', '+']).take(3).map(|part| part.parse().unwrap_or(0)).collect();
+        let at_least = |wanted: &[u64]| numbers.as_slice() >= wanted;
+        if numbers.len() < 3 || numbers == [0, 0, 0] {
+            return Enforcement::nothing(None);
+        }
+        if !at_least(&[0, 5, 0]) {
+            return Enforcement::nothing(Some(format!(
+                "Ollama {version:?} is not known to take a JSON schema as `format` (0.5.0 and later do)"
+            )));
+        }
+        Enforcement {
+            server: format!("Ollama {version}"),
+            json_schema: true,
+            grammar: false,
+            tool_call: false,
+            why_not: Some("it drops tool calls under a format".to_string()),
+            max_output_tokens: Some(self.wire.max_output_tokens),
+        }
+    }
+
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
         self.exchange.chat(&self.wire, request, &mut |_| {})
     }
@@ -138,9 +174,14 @@ impl Wire for OllamaWire {
     const HOLDS_BACK_TOOL_CALLS: bool = true;
 
     fn head(&self, request: &ChatRequest<'_>, ask: Ask) -> serde_json::Result<String> {
+        let format = match request.constraint {
+            Some(Constraint::JsonSchema(schema)) => Some(RawValue::from_string(schema.clone())?),
+            _ => None,
+        };
         serde_json::to_string(&WireRequest {
             model: request.model,
             tools: request.tools.iter().map(WireTool::from_spec).collect(),
+            format,
             stream: ask != Ask::Whole,
             think: false,
             options: WireOptions {
@@ -152,7 +193,8 @@ impl Wire for OllamaWire {
         })
     }
 
-    fn encode(message: &Message) -> serde_json::Result<String> {
+    // Ollama takes arguments as an object, and renders them itself.
+    fn encode(message: &Message, _sent: &SentArguments) -> serde_json::Result<String> {
         serde_json::to_string(&WireMessage::from_message(message))
     }
 
@@ -167,6 +209,7 @@ impl Wire for OllamaWire {
             tool_calls: message.tool_calls.into_iter().map(WireCallIn::assembled).collect(),
             usage: Some(Usage { prompt_tokens: wire.prompt_eval_count, completion_tokens: wire.eval_count }),
             finish_reason: wire.done_reason,
+            prompt_cache: wire.prompt_eval_count.map(|read| PromptCache { read, reused: None }),
         })
     }
 
@@ -201,6 +244,10 @@ pub(crate) fn apply_chunk(assembly: &mut Assembly, line: &str) -> Result<(), Str
     }
     if chunk.done {
         assembly.usage(Usage { prompt_tokens: chunk.prompt_eval_count, completion_tokens: chunk.eval_count });
+        // Ollama counts only the prompt tokens it evaluated: the rest came from its cache.
+        if let Some(read) = chunk.prompt_eval_count {
+            assembly.prompt_cache(PromptCache { read, reused: None });
+        }
         if let Some(reason) = chunk.done_reason {
             assembly.finish_reason(reason);
         }
@@ -216,6 +263,9 @@ struct WireRequest<'a> {
     model: &'a str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
+    /// A JSON schema the reply must follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<Box<RawValue>>,
     stream: bool,
     think: bool,
     options: WireOptions,
@@ -327,6 +377,7 @@ impl WireCallIn {
             id: self.id,
             name: self.function.name,
             arguments: Arguments::from_value(self.function.arguments),
+            arguments_text: None,
         }
     }
 }

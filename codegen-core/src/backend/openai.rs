@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::chat::Usage;
+use super::chat::{PromptCache, Usage};
 use super::stream::{self, AssembledCall, AssembledReply, Assembly, StreamError};
 use super::wire::null_as_empty;
 use crate::chat::Arguments;
@@ -21,9 +21,11 @@ use {
     super::chat::{Backend, ChatRequest, ChatResponse, Progress},
     super::config::BackendConfig,
     super::error::BackendError,
-    super::exchange::{Ask, Exchange, Unread, Wire},
+    super::exchange::{Ask, Exchange, SentArguments, Unread, Wire},
     super::kind::BackendKind,
     crate::chat::{Message, Role, ToolSpec},
+    crate::constrain::{Constraint, Enforcement},
+    serde_json::value::RawValue,
 };
 
 /// The base URL when neither the configuration nor `OPENAI_BASE_URL` gives one.
@@ -42,6 +44,80 @@ pub struct OpenAi {
 struct OpenAiWire {
     /// The output cap per reply, and the field that carries it.
     output_cap: (OutputCapField, u32),
+    /// The server, once asked (see [`OpenAi::enforcement`]): it decides the constraint's fields.
+    server: Option<Option<Server>>,
+}
+
+#[cfg(feature = "http")]
+/// The OpenAI-compatible servers whose constraint fields are known, as `GET {base}/models`
+/// tells them apart (each model's `owned_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// llama.cpp's `llama-server` (`owned_by: "llamacpp"`).
+    LlamaServer,
+    /// llama-cpp-python's server (`owned_by: "me"`).
+    LlamaCppPython,
+    /// vLLM (`owned_by: "vllm"`).
+    Vllm,
+    /// Ollama's `/v1` (`owned_by: "library"`, or the model's namespace, with `ollama` in it).
+    Ollama,
+    /// OpenAI itself (`owned_by: "openai"`, `"system"`, `"openai-internal"`).
+    OpenAi,
+}
+
+#[cfg(feature = "http")]
+impl Server {
+    fn from_models(body: &str) -> Option<Server> {
+        let value: Value = serde_json::from_str(body).ok()?;
+        let owners: Vec<String> = value["data"]
+            .as_array()?
+            .iter()
+            .filter_map(|model| model["owned_by"].as_str().map(str::to_lowercase))
+            .collect();
+        let first = owners.first()?;
+        Some(match first.as_str() {
+            "llamacpp" => Server::LlamaServer,
+            "me" => Server::LlamaCppPython,
+            "vllm" => Server::Vllm,
+            "library" | "ollama" => Server::Ollama,
+            "openai" | "system" | "openai-internal" => Server::OpenAi,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Server::LlamaServer => "llama-server",
+            Server::LlamaCppPython => "llama-cpp-python",
+            Server::Vllm => "vLLM",
+            Server::Ollama => "Ollama (/v1)",
+            Server::OpenAi => "OpenAI",
+        }
+    }
+
+    /// What it enforces, and through which fields (see `head`). Sources:
+    /// `../shared/reference/llm-wire-protocols.md`, and the real-server tests.
+    fn enforcement(self, max_output_tokens: u32) -> Enforcement {
+        let (json_schema, grammar, tool_call, why_not) = match self {
+            // Its `tool_choice: "required"` grammar lets prose come first with a template
+            // that has no tool-call prefix of its own (ours), so a reply may still be text.
+            Server::LlamaServer => (true, true, false, Some("its required tool call still admits prose first")),
+            // `chatml-function-calling` asserts `tool_choice == "auto"`.
+            Server::LlamaCppPython => (true, true, false, Some("its chatml-function-calling takes only tool_choice \"auto\"")),
+            Server::Vllm => (true, true, true, None),
+            // Ollama drops tool calls when `format` and `tools` come together.
+            Server::Ollama => (true, false, false, Some("it drops tool calls under a format")),
+            Server::OpenAi => (true, false, true, None),
+        };
+        Enforcement {
+            server: self.name().to_string(),
+            json_schema,
+            grammar,
+            tool_call,
+            why_not: why_not.map(str::to_string),
+            max_output_tokens: Some(max_output_tokens),
+        }
+    }
 }
 
 #[cfg(feature = "http")]
@@ -67,7 +143,7 @@ impl OpenAi {
         let api_key = config.api_key.clone().or_else(|| std::env::var("OPENAI_API_KEY").ok()).and_then(non_empty);
         let output_cap = (OutputCapField::for_base_url(&base), config.max_output_tokens);
         let exchange = Exchange::new(BackendKind::OpenAi, format!("{base}/chat/completions"), api_key, config)?;
-        Ok(OpenAi { base, wire: OpenAiWire { output_cap }, exchange })
+        Ok(OpenAi { base, wire: OpenAiWire { output_cap, server: None }, exchange })
     }
 
     /// The base URL, as resolved.
@@ -84,6 +160,22 @@ impl Backend for OpenAi {
 
     fn location(&self) -> String {
         self.base.clone()
+    }
+
+    /// Asks `GET {base}/models` which server this is (each model's `owned_by`); a server that
+    /// does not say, or is not one whose constraint fields are known, enforces nothing.
+    fn enforcement(&mut self) -> Enforcement {
+        let url = format!("{}/models", self.base);
+        let answer = self.exchange.probe(&url);
+        let server = answer.as_deref().ok().and_then(Server::from_models);
+        self.wire.server = Some(server);
+        // A server that cannot be told apart runs as it did before constrained decoding,
+        // without a note on every step: `cargo promptgen log` shows which steps were constrained.
+        let _ = answer;
+        match server {
+            Some(server) => server.enforcement(self.wire.output_cap.1),
+            None => Enforcement::nothing(None),
+        }
     }
 
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
@@ -108,10 +200,33 @@ impl Wire for OpenAiWire {
     fn head(&self, request: &ChatRequest<'_>, ask: Ask) -> serde_json::Result<String> {
         let has_tools = !request.tools.is_empty();
         let (field, cap) = self.output_cap;
+        let server = self.server.flatten();
+        let mut constrained = ConstraintFields::default();
+        match (request.constraint, server) {
+            (Some(Constraint::JsonSchema(schema)), Some(Server::LlamaCppPython)) => {
+                // Its `response_format` takes a schema only in the `json_object` form.
+                constrained.response_format =
+                    Some(RawValue::from_string(format!("{{\"type\":\"json_object\",\"schema\":{schema}}}"))?);
+            }
+            (Some(Constraint::JsonSchema(schema)), Some(_)) => {
+                constrained.response_format = Some(RawValue::from_string(format!(
+                    "{{\"type\":\"json_schema\",\"json_schema\":{{\"name\":\"tool_call\",\"schema\":{schema}}}}}"
+                ))?);
+            }
+            (Some(Constraint::Grammar(grammar)), Some(Server::LlamaServer | Server::LlamaCppPython)) => {
+                constrained.grammar = Some(grammar);
+            }
+            (Some(Constraint::Grammar(grammar)), Some(Server::Vllm)) => {
+                constrained.structured_outputs = Some(StructuredOutputs { grammar });
+            }
+            _ => {}
+        }
+        let required = matches!(request.constraint, Some(Constraint::ToolCall));
         serde_json::to_string(&WireRequest {
             model: request.model,
             tools: request.tools.iter().map(|spec| WireTool { r#type: "function", function: spec }).collect(),
-            tool_choice: has_tools.then_some("auto"),
+            tool_choice: has_tools.then_some(if required { "required" } else { "auto" }),
+            constrained,
             seed: request.seed,
             temperature: request.temperature,
             max_tokens: (field == OutputCapField::MaxTokens).then_some(cap),
@@ -121,8 +236,8 @@ impl Wire for OpenAiWire {
         })
     }
 
-    fn encode(message: &Message) -> serde_json::Result<String> {
-        serde_json::to_string(&WireMessage::from_message(message))
+    fn encode(message: &Message, sent: &SentArguments) -> serde_json::Result<String> {
+        serde_json::to_string(&WireMessage::from_message(message, sent))
     }
 
     fn read_whole(body: &str) -> Result<AssembledReply, Unread> {
@@ -132,20 +247,26 @@ impl Wire for OpenAiWire {
         }
         let choice = wire.choices.into_iter().next().ok_or_else(|| Unread::Bad("`choices` is empty".to_string()))?;
         let usage = wire.usage.unwrap_or_default();
+        let prompt_cache = prompt_cache(wire.timings.as_ref(), &usage);
         Ok(AssembledReply {
             content: choice.message.content.unwrap_or_default(),
             tool_calls: choice
                 .message
                 .tool_calls
                 .into_iter()
-                .map(|call| AssembledCall {
-                    id: call.id,
-                    name: call.function.name,
-                    arguments: Arguments::from_value(call.function.arguments),
+                .map(|call| {
+                    let arguments_text = call.function.arguments.as_str().map(str::to_string);
+                    AssembledCall {
+                        id: call.id,
+                        name: call.function.name,
+                        arguments: Arguments::from_value(call.function.arguments),
+                        arguments_text,
+                    }
                 })
                 .collect(),
             usage: Some(Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens }),
             finish_reason: choice.finish_reason,
+            prompt_cache,
         })
     }
 
@@ -171,6 +292,9 @@ pub(crate) fn apply_chunk(assembly: &mut Assembly, data: &str) -> Result<(), Str
     }
     if chunk.system_fingerprint.as_ref().and_then(Value::as_str) == Some("fp_ollama") {
         assembly.holds_back_tool_calls = true;
+    }
+    if let Some(cache) = prompt_cache(chunk.timings.as_ref(), chunk.usage.as_ref().unwrap_or(&WireUsage::default())) {
+        assembly.prompt_cache(cache);
     }
     if let Some(usage) = chunk.usage {
         assembly.usage(Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens });
@@ -199,6 +323,16 @@ pub(crate) fn apply_chunk(assembly: &mut Assembly, data: &str) -> Result<(), Str
     Ok(())
 }
 
+/// What the server read of the prompt and took from its cache: llama-server's `timings`,
+/// else `usage.prompt_tokens_details.cached_tokens`.
+fn prompt_cache(timings: Option<&WireTimings>, usage: &WireUsage) -> Option<PromptCache> {
+    if let Some(WireTimings { prompt_n: Some(read), cache_n }) = timings {
+        return Some(PromptCache { read: *read, reused: *cache_n });
+    }
+    let cached = usage.prompt_tokens_details.as_ref()?.cached_tokens?;
+    Some(PromptCache { read: usage.prompt_tokens?.saturating_sub(cached), reused: Some(cached) })
+}
+
 #[cfg(feature = "http")]
 #[derive(Serialize)]
 /// The request without its `messages`, which go in already encoded (see [`MessageCache`]).
@@ -208,6 +342,8 @@ struct WireRequest<'a> {
     tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<&'static str>,
+    #[serde(flatten)]
+    constrained: ConstraintFields<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -221,6 +357,25 @@ struct WireRequest<'a> {
     /// always carries.
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+}
+
+#[cfg(feature = "http")]
+/// The fields that carry a constraint, by server: `response_format` (a JSON schema; every
+/// server here), `grammar` (GBNF; llama.cpp's servers) or `structured_outputs.grammar` (vLLM).
+#[derive(Serialize, Default)]
+struct ConstraintFields<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grammar: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_outputs: Option<StructuredOutputs<'a>>,
+}
+
+#[cfg(feature = "http")]
+#[derive(Serialize)]
+struct StructuredOutputs<'a> {
+    grammar: &'a str,
 }
 
 #[cfg(feature = "http")]
@@ -276,7 +431,7 @@ struct WireMessage<'a> {
 
 #[cfg(feature = "http")]
 impl<'a> WireMessage<'a> {
-    fn from_message(message: &'a Message) -> WireMessage<'a> {
+    fn from_message(message: &'a Message, sent: &SentArguments) -> WireMessage<'a> {
         WireMessage {
             role: message.role,
             content: &message.content,
@@ -289,9 +444,14 @@ impl<'a> WireMessage<'a> {
                     // Always valid JSON text: llama-server parses echoed arguments and answers a
                     // whole request with HTTP 500 when one does not parse (seen with a call the
                     // output cap had cut). The model learns what was wrong from the tool result.
+                    // What the server generated, where it still reads as these arguments: the
+                    // history it sees again is then the one in its prompt cache.
                     function: WireFunctionOut {
                         name: &call.name,
-                        arguments: call.arguments.to_json_object().to_string(),
+                        arguments: sent
+                            .text_of(call)
+                            .map(str::to_string)
+                            .unwrap_or_else(|| call.arguments.to_json_object().to_string()),
                     },
                 })
                 .collect(),
@@ -320,7 +480,15 @@ struct WireResponse {
     #[serde(default)]
     choices: Vec<WireChoice>,
     usage: Option<WireUsage>,
+    timings: Option<WireTimings>,
     error: Option<Value>,
+}
+
+/// llama-server's `timings`: prompt tokens evaluated, and taken from the cache.
+#[derive(Deserialize)]
+struct WireTimings {
+    prompt_n: Option<u64>,
+    cache_n: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -356,6 +524,7 @@ struct WireChunk {
     #[serde(default, deserialize_with = "null_as_empty")]
     choices: Vec<WireChunkChoice>,
     usage: Option<WireUsage>,
+    timings: Option<WireTimings>,
     system_fingerprint: Option<Value>,
     error: Option<Value>,
 }
@@ -394,4 +563,10 @@ struct WireFunctionDelta {
 struct WireUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<WirePromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct WirePromptDetails {
+    cached_tokens: Option<u64>,
 }

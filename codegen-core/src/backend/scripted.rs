@@ -138,6 +138,7 @@ impl Backend for Scripted {
             finish_reason: Some("scripted".into()),
             retries: Vec::new(),
             delivery: Delivery::Whole,
+            prompt_cache: None,
         })
     }
 }

@@ -18,7 +18,7 @@
 
 use serde_json::Value;
 
-use super::chat::{Progress, Usage};
+use super::chat::{Progress, PromptCache, Usage};
 use crate::chat::Arguments;
 use crate::report::excerpt;
 
@@ -39,6 +39,8 @@ pub struct AssembledReply {
     pub usage: Option<Usage>,
     /// Why the model stopped, as the server says it.
     pub finish_reason: Option<String>,
+    /// What the server says it read of the prompt and took from its cache.
+    pub prompt_cache: Option<PromptCache>,
 }
 
 /// One tool call of an [`AssembledReply`].
@@ -50,6 +52,10 @@ pub struct AssembledCall {
     pub name: String,
     /// Its arguments.
     pub arguments: Arguments,
+    /// The arguments exactly as the server sent them, when it sent them as text: what is
+    /// echoed back to it, so that the history it sees again is the one it generated and its
+    /// prompt cache still matches (see `exchange::SentArguments`).
+    pub arguments_text: Option<String>,
 }
 
 /// Why a stream gave no reply.
@@ -349,6 +355,7 @@ pub(crate) struct Assembly {
     calls: Vec<CallParts>,
     usage: Option<Usage>,
     finish_reason: Option<String>,
+    prompt_cache: Option<PromptCache>,
     /// The final event has arrived; nothing after it counts.
     pub complete: bool,
     pub holds_back_tool_calls: bool,
@@ -391,6 +398,10 @@ impl Assembly {
 
     pub fn finish_reason(&mut self, reason: String) {
         self.finish_reason = Some(reason);
+    }
+
+    pub fn prompt_cache(&mut self, cache: PromptCache) {
+        self.prompt_cache = Some(cache);
     }
 
     /// A tool call that arrived whole (Ollama).
@@ -479,16 +490,22 @@ impl Assembly {
         let tool_calls = self
             .calls
             .into_iter()
-            .map(|call| AssembledCall {
-                id: call.id,
-                name: call.name,
-                arguments: match (call.text.is_empty(), call.value) {
-                    (true, value) => Arguments::from_value(value.unwrap_or(Value::Null)),
-                    (false, _) => Arguments::from_json_text(&call.text),
-                },
+            .map(|call| {
+                let (arguments, arguments_text) = match (call.text.is_empty(), call.value) {
+                    (true, Some(Value::String(text))) => (Arguments::from_json_text(&text), Some(text)),
+                    (true, value) => (Arguments::from_value(value.unwrap_or(Value::Null)), None),
+                    (false, _) => (Arguments::from_json_text(&call.text), Some(call.text)),
+                };
+                AssembledCall { id: call.id, name: call.name, arguments, arguments_text }
             })
             .collect();
-        AssembledReply { content: self.content, tool_calls, usage: self.usage, finish_reason: self.finish_reason }
+        AssembledReply {
+            content: self.content,
+            tool_calls,
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+            prompt_cache: self.prompt_cache,
+        }
     }
 }
 

@@ -44,7 +44,7 @@ fn config(kind: BackendKind, server: &FakeLlm, cancel: &Cancel, stream: bool) ->
 }
 
 fn request<'a>(messages: &'a [Message]) -> ChatRequest<'a> {
-    ChatRequest { model: "m", messages, tools: &[], seed: None, temperature: None }
+    ChatRequest { model: "m", messages, tools: &[], seed: None, temperature: None, constraint: None }
 }
 
 /// Sets `cancel` once `server` has received its first request.

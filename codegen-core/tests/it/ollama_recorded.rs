@@ -34,6 +34,7 @@ fn ask(server: &FakeLlm) -> Result<codegen_core::backend::ChatResponse, BackendE
         tools: &specs,
         seed: Some(1),
         temperature: Some(0.0),
+        constraint: None,
     })
 }
 

@@ -82,7 +82,9 @@ struct Expected {
 }
 
 impl Expected {
-    fn reply(&self, finish_reason: &str) -> AssembledReply {
+    /// The reply as assembled; `as_text`: the server sent the arguments as JSON text (OpenAI's
+    /// streams), which is kept to be echoed verbatim.
+    fn reply(&self, finish_reason: &str, as_text: bool) -> AssembledReply {
         AssembledReply {
             content: self.content.clone(),
             tool_calls: self
@@ -92,6 +94,7 @@ impl Expected {
                     id: id.clone(),
                     name: name.clone(),
                     arguments: Arguments::Object(arguments.clone()),
+                    arguments_text: as_text.then(|| Value::Object(arguments.clone()).to_string()),
                 })
                 .collect(),
             usage: Some(Usage {
@@ -99,6 +102,7 @@ impl Expected {
                 completion_tokens: Some(self.completion_tokens),
             }),
             finish_reason: Some(finish_reason.to_string()),
+            prompt_cache: None,
         }
     }
 }
@@ -197,7 +201,7 @@ proptest! {
     ) {
         let bytes = render_openai(&reply, &sizes, &eols, comments);
         let finish = if reply.calls.is_empty() { "stop" } else { "tool_calls" };
-        prop_assert_eq!(decode(Decoder::openai(), &bytes, &cuts), Ok(reply.reply(finish)));
+        prop_assert_eq!(decode(Decoder::openai(), &bytes, &cuts), Ok(reply.reply(finish, true)));
     }
 
     #[test]
@@ -207,7 +211,7 @@ proptest! {
         cuts in prop::collection::vec(any::<usize>(), 0..30),
     ) {
         let bytes = render_ollama(&reply, &sizes);
-        prop_assert_eq!(decode(Decoder::ollama(), &bytes, &cuts), Ok(reply.reply("stop")));
+        prop_assert_eq!(decode(Decoder::ollama(), &bytes, &cuts), Ok(reply.reply("stop", false)));
     }
 
     #[test]

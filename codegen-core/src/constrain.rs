@@ -1,0 +1,519 @@
+//! Constrained decoding: the server, not the model, guarantees that every reply is one tool
+//! call the loop can run.
+//!
+//! Small models get the *shape* of a tool call wrong far more often than its content: prose
+//! instead of a call, JSON that does not parse, a call to a file the step may not write.
+//! Servers built on llama.cpp (and vLLM, Ollama, OpenAI) can restrict sampling to a JSON
+//! schema or a grammar, so that no other reply can be generated at all. With
+//! [`Constrain::Auto`] (the default) a step asks its backend what the server can enforce
+//! ([`Backend::enforcement`](crate::backend::Backend::enforcement)) and, per protocol:
+//!
+//! | protocol | constrained with | |
+//! |---|---|---|
+//! | `json` | a JSON schema ([`Constraint::JsonSchema`]) | `{"tool": ..., "arguments": {...}}`, one branch per tool |
+//! | `blocks` | a GBNF grammar ([`Constraint::Grammar`]) | exactly one `@@@` command per reply |
+//! | `native` | `tool_choice: "required"` and narrowed tools ([`Constraint::ToolCall`]) | where the server applies it; else the step is carried in `json` under a schema ([`plan`]) |
+//!
+//! Each turn's constraint admits only what the loop would accept *at that point*
+//! ([`Admissible`]): `write_file` to a declared output, `read_file` of a readable file (an
+//! enum when there are few enough to list, else a pattern that excludes absolute and
+//! parent-relative paths), `finish` only once every declared output exists, and a file's
+//! content no longer than the reply may be, so that a reply is never cut off in the middle of
+//! its call.
+//!
+//! A server that rejects the constraint is asked again without it, once per step; the step
+//! says so in its notes and its transcript ([`Event::Unconstrained`](crate::transcript::Event::Unconstrained)).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::chat::ToolSpec;
+use crate::protocol::ToolProtocol;
+use crate::tools;
+
+/// Whether a step asks the server to enforce its protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Constrain {
+    /// Wherever the server can enforce the step's protocol (see [`plan`]).
+    #[default]
+    Auto,
+    /// Never: the model is only told the protocol, as before constrained decoding.
+    Off,
+}
+
+impl Constrain {
+    /// As configuration spells it: `auto`, `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Constrain::Auto => "auto",
+            Constrain::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for Constrain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a server can enforce, as its backend found out (once, when first asked).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Enforcement {
+    /// The server, as identified: `llama-server`, `llama-cpp-python`, `vLLM`, `Ollama 0.6.2`,
+    /// `OpenAI`. Empty when it is not known.
+    pub server: String,
+    /// It restricts a reply to a JSON schema.
+    pub json_schema: bool,
+    /// It restricts a reply to a GBNF grammar.
+    pub grammar: bool,
+    /// It makes the model call one of the offered tools (`tool_choice: "required"`).
+    pub tool_call: bool,
+    /// Why nothing (or not native tool calls) can be enforced, for the step's notes; `None`
+    /// where there is nothing to say (the scripted backend).
+    pub why_not: Option<String>,
+    /// The most tokens a reply may have, which bounds a constrained file's length
+    /// ([`Admissible::content_chars_for`]); `None`: the default.
+    pub max_output_tokens: Option<u32>,
+}
+
+impl Enforcement {
+    /// A server that enforces nothing, and why (`None`: nothing worth a note).
+    pub fn nothing(why_not: Option<String>) -> Enforcement {
+        Enforcement { why_not, ..Enforcement::default() }
+    }
+}
+
+/// The kind of constraint a step runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ConstraintKind {
+    /// A JSON schema of the `json` protocol's calls.
+    JsonSchema,
+    /// A GBNF grammar of the `blocks` protocol's commands.
+    Grammar,
+    /// Native tool calls, one required per reply.
+    ToolCall,
+}
+
+impl ConstraintKind {
+    /// For messages: `a JSON schema`, `a grammar`, `a required tool call`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ConstraintKind::JsonSchema => "a JSON schema",
+            ConstraintKind::Grammar => "a GBNF grammar",
+            ConstraintKind::ToolCall => "a required tool call",
+        }
+    }
+}
+
+/// The constraint one request carries.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Constraint {
+    /// The reply is one JSON document of this schema (JSON text).
+    JsonSchema(String),
+    /// The reply is one sentence of this GBNF grammar.
+    Grammar(String),
+    /// The reply calls one of the request's tools (already narrowed to what may run now).
+    ToolCall,
+}
+
+impl Constraint {
+    /// Its kind.
+    pub fn kind(&self) -> ConstraintKind {
+        match self {
+            Constraint::JsonSchema(_) => ConstraintKind::JsonSchema,
+            Constraint::Grammar(_) => ConstraintKind::Grammar,
+            Constraint::ToolCall => ConstraintKind::ToolCall,
+        }
+    }
+
+    /// `sha256:` and the first 16 hex digits of the SHA-256 of the constraint's kind and text:
+    /// what a transcript records of it (the text is derived from the step, and long).
+    pub fn digest(&self) -> String {
+        let text = match self {
+            Constraint::JsonSchema(schema) => schema.as_str(),
+            Constraint::Grammar(grammar) => grammar.as_str(),
+            Constraint::ToolCall => "",
+        };
+        let mut hasher = Sha256::new();
+        hasher.update(format!("{:?}\n", self.kind()).as_bytes());
+        hasher.update(text.as_bytes());
+        let hex: String = hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    }
+}
+
+/// How a step runs under [`Constrain::Auto`], decided at its start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The protocol it runs in: the one asked for, or `json` carrying a `native` step.
+    pub protocol: ToolProtocol,
+    /// What constrains its requests, if anything.
+    pub kind: Option<ConstraintKind>,
+    /// What the user should know about it.
+    pub note: Option<String>,
+}
+
+/// How a step asking for `protocol` runs against a server that enforces `enforcement`.
+///
+/// `native` is constrained by a required tool call where the server applies one; where it
+/// does not but takes a JSON schema, the step is carried in the `json` protocol under the
+/// schema (and the note says so): a reply that is a valid call beats one in the asked-for
+/// wire format that is not.
+pub fn plan(protocol: ToolProtocol, enforcement: &Enforcement) -> Plan {
+    let server = if enforcement.server.is_empty() { "the server" } else { enforcement.server.as_str() };
+    let unconstrained = |why: String| Plan { protocol, kind: None, note: Some(why) };
+    let why = enforcement.why_not.clone();
+    match protocol {
+        ToolProtocol::Native if enforcement.tool_call => {
+            Plan { protocol, kind: Some(ConstraintKind::ToolCall), note: None }
+        }
+        ToolProtocol::Native if enforcement.json_schema => Plan {
+            protocol: ToolProtocol::Json,
+            kind: Some(ConstraintKind::JsonSchema),
+            note: Some(format!(
+                "{server} cannot be made to call a tool natively{}, so this step ran in the `json` protocol under a JSON \
+                 schema it enforces; set `constrain = \"off\"` to keep native tool calls, unconstrained",
+                why.map(|why| format!(" ({why})")).unwrap_or_default()
+            )),
+        },
+        ToolProtocol::Json if enforcement.json_schema => {
+            Plan { protocol, kind: Some(ConstraintKind::JsonSchema), note: None }
+        }
+        ToolProtocol::Blocks if enforcement.grammar => Plan { protocol, kind: Some(ConstraintKind::Grammar), note: None },
+        _ => match why {
+            Some(why) if !enforcement.json_schema && !enforcement.grammar && !enforcement.tool_call => {
+                unconstrained(format!("nothing constrained this step's replies: {why}"))
+            }
+            None if enforcement.server.is_empty() => Plan { protocol, kind: None, note: None },
+            _ => unconstrained(format!(
+                "{server} cannot enforce the `{protocol}` protocol, so this step's replies were not constrained; the \
+                 `{}` protocol can be",
+                if enforcement.json_schema { "json" } else if enforcement.grammar { "blocks" } else { "native" }
+            )),
+        },
+    }
+}
+
+/// What the loop would accept from the model this turn, from which each turn's constraint is
+/// made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admissible {
+    /// The files `write_file` may write: the declared outputs; empty when the step declares
+    /// none (then any relative path).
+    pub writable: Vec<String>,
+    /// The files `read_file` may read, when there are at most [`Admissible::MAX_LISTED`];
+    /// `None` when there are more (then a pattern that excludes absolute and parent paths).
+    pub readable: Option<Vec<String>>,
+    /// Whether `finish` would be accepted: every declared output exists.
+    pub finish: bool,
+    /// Whether the step has a `check` tool.
+    pub check: bool,
+    /// The most characters a file's content may have in one reply: the reply's token cap
+    /// less room for the call around it (a token is at least one character), so that a
+    /// constrained reply always ends within the cap.
+    pub max_content_chars: u32,
+}
+
+/// Room for the call around a file's content, in tokens.
+const CALL_OVERHEAD_TOKENS: u32 = 48;
+
+/// A `finish` summary's longest form.
+const MAX_SUMMARY_CHARS: u32 = 300;
+
+/// Paths the sandbox could read: relative, not starting with `.` or `/`.
+const PATH_PATTERN: &str = "^[A-Za-z0-9_][A-Za-z0-9_./-]*$";
+
+impl Admissible {
+    /// Readable files listed one by one up to this many; beyond it the constraint would grow
+    /// with the project.
+    pub const MAX_LISTED: usize = 64;
+
+    /// The content bound for a reply cap of `max_output_tokens`.
+    pub fn content_chars_for(max_output_tokens: u32) -> u32 {
+        max_output_tokens.saturating_sub(CALL_OVERHEAD_TOKENS).max(16)
+    }
+
+    fn summary_chars(&self) -> u32 {
+        MAX_SUMMARY_CHARS.min(self.max_content_chars)
+    }
+
+    /// The tools that may be called now, in order.
+    fn tool_names(&self) -> Vec<&'static str> {
+        let mut names = vec![tools::WRITE_FILE];
+        if self.readable.as_ref().is_none_or(|files| !files.is_empty()) {
+            names.push(tools::READ_FILE);
+        }
+        names.push(tools::LIST_FILES);
+        if self.check {
+            names.push(tools::CHECK);
+        }
+        if self.finish {
+            names.push(tools::FINISH);
+        }
+        names
+    }
+
+    /// The JSON schema of one `json`-protocol reply: `{"tool": NAME, "arguments": {...}}`
+    /// for each tool that may be called now, `tool` written first (servers generate keys in
+    /// the schema's order, and the tool's name then steers its arguments).
+    pub fn json_schema(&self) -> String {
+        let branches: Vec<String> = self
+            .tool_names()
+            .into_iter()
+            .map(|name| {
+                let (arguments, required) = self.arguments_schema(name);
+                object(&[("tool", format!("{{\"const\":{}}}", json_string(name))), ("arguments", object(&arguments, &required))], &["tool", "arguments"])
+            })
+            .collect();
+        format!("{{\"anyOf\":[{}]}}", branches.join(","))
+    }
+
+    /// The properties of a tool's arguments and which are required, as schema text.
+    fn arguments_schema(&self, tool: &str) -> (Vec<(&'static str, String)>, Vec<&'static str>) {
+        let string = |max: u32| format!("{{\"type\":\"string\",\"maxLength\":{max}}}");
+        match tool {
+            tools::WRITE_FILE => (
+                vec![("path", self.path_schema(Some(&self.writable))), ("content", string(self.max_content_chars))],
+                vec!["path", "content"],
+            ),
+            tools::READ_FILE => (vec![("path", self.path_schema(self.readable.as_ref()))], vec!["path"]),
+            tools::LIST_FILES => (Vec::new(), Vec::new()),
+            tools::FINISH => (vec![("summary", string(self.summary_chars()))], vec!["summary"]),
+            _ => (Vec::new(), Vec::new()),
+        }
+    }
+
+    fn path_schema(&self, files: Option<&Vec<String>>) -> String {
+        match files {
+            Some(files) if !files.is_empty() => {
+                let names: Vec<String> = files.iter().map(|f| json_string(f)).collect();
+                format!("{{\"enum\":[{}]}}", names.join(","))
+            }
+            _ => format!("{{\"type\":\"string\",\"pattern\":{},\"maxLength\":200}}", json_string(PATH_PATTERN)),
+        }
+    }
+
+    /// The GBNF grammar of one `blocks`-protocol reply: exactly one command, a write's content
+    /// free of `@@@` and at most [`Admissible::max_content_chars`] pieces long.
+    pub fn grammar(&self) -> String {
+        let mut commands = vec!["write"];
+        let mut rules = vec![
+            "write ::= \"@@@write_begin(\" writable \")\\n\" content \"\\n@@@write_end\"".to_string(),
+            format!("writable ::= {}", path_rule(Some(&self.writable))),
+            // No `@@@` inside a file: it would end the block early.
+            format!("content ::= piece{{0,{}}}", self.max_content_chars),
+            "piece ::= [^@] | \"@\" [^@] | \"@@\" [^@]".to_string(),
+        ];
+        if self.readable.as_ref().is_none_or(|files| !files.is_empty()) {
+            commands.push("read");
+            rules.push("read ::= \"@@@read(\" readable \")\"".to_string());
+            rules.push(format!("readable ::= {}", path_rule(self.readable.as_ref())));
+        }
+        commands.push("list");
+        rules.push("list ::= \"@@@list()\"".to_string());
+        if self.finish {
+            commands.push("done");
+            rules.push(format!("done ::= \"@@@done(\" [^()\\n]{{1,{}}} \")\"", self.summary_chars()));
+        }
+        if rules.iter().any(|rule| rule.contains(" path")) {
+            rules.push("path ::= [A-Za-z0-9_] [A-Za-z0-9_./-]{0,199}".to_string());
+        }
+        let mut out = format!("root ::= {}\n", commands.join(" | "));
+        for rule in rules {
+            out.push_str(&rule);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The tool definitions of a natively constrained turn: the step's tools, less those that
+    /// cannot run now, their paths narrowed as in [`Admissible::json_schema`].
+    pub fn tools(&self) -> Vec<ToolSpec> {
+        let names = self.tool_names();
+        tools::specs_for(self.check)
+            .into_iter()
+            .filter(|spec| names.contains(&spec.name))
+            .map(|mut spec| {
+                let files = match spec.name {
+                    tools::WRITE_FILE => Some(&self.writable),
+                    tools::READ_FILE => self.readable.as_ref(),
+                    _ => None,
+                };
+                if let Some(files) = files.filter(|files| !files.is_empty())
+                    && let Some(path) = spec.parameters.pointer_mut("/properties/path")
+                {
+                    path["enum"] = Value::from(files.clone());
+                }
+                spec
+            })
+            .collect()
+    }
+}
+
+/// A GBNF rule body for one of `files`, or any readable-looking path when there is no list.
+fn path_rule(files: Option<&Vec<String>>) -> String {
+    match files {
+        Some(files) if !files.is_empty() => {
+            files.iter().map(|file| gbnf_literal(file)).collect::<Vec<_>>().join(" | ")
+        }
+        _ => "path".to_string(),
+    }
+}
+
+/// `text` as a GBNF string literal.
+fn gbnf_literal(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_string(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
+/// A JSON-schema object with these properties in this order (a `serde_json` map would sort
+/// them), no others.
+fn object(properties: &[(&str, String)], required: &[&str]) -> String {
+    let properties: Vec<String> =
+        properties.iter().map(|(name, schema)| format!("{}:{schema}", json_string(name))).collect();
+    let required: Vec<String> = required.iter().map(|name| json_string(name)).collect();
+    format!(
+        "{{\"type\":\"object\",\"properties\":{{{}}},\"required\":[{}],\"additionalProperties\":false}}",
+        properties.join(","),
+        required.join(",")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn admissible(finish: bool) -> Admissible {
+        Admissible {
+            writable: vec!["a.rs".into()],
+            readable: Some(vec!["src/lib.rs".into()]),
+            finish,
+            check: false,
+            max_content_chars: 100,
+        }
+    }
+
+    fn branches(schema: &str) -> Vec<Value> {
+        let value: Value = serde_json::from_str(schema).unwrap();
+        value["anyOf"].as_array().unwrap().clone()
+    }
+
+    #[test]
+    fn the_schema_admits_finish_only_once_the_outputs_exist_and_names_tool_first() {
+        let before = admissible(false).json_schema();
+        let tools: Vec<Value> = branches(&before).iter().map(|b| b["properties"]["tool"]["const"].clone()).collect();
+        assert_eq!(tools, [json!("write_file"), json!("read_file"), json!("list_files")]);
+        let after = admissible(true).json_schema();
+        assert!(branches(&after).iter().any(|b| b["properties"]["tool"]["const"] == "finish"));
+        let write = &branches(&before)[0];
+        assert_eq!(write["properties"]["arguments"]["properties"]["path"]["enum"], json!(["a.rs"]));
+        assert_eq!(write["properties"]["arguments"]["properties"]["content"]["maxLength"], 100);
+        assert_eq!(write["properties"]["arguments"]["additionalProperties"], false);
+        assert!(before.find("\"tool\"").unwrap() < before.find("\"arguments\"").unwrap(), "{before}");
+    }
+
+    #[test]
+    fn without_a_short_list_paths_are_a_pattern_that_refuses_absolute_and_parent_paths() {
+        let mut many = admissible(false);
+        many.readable = None;
+        many.writable.clear();
+        let schema = many.json_schema();
+        let read = &branches(&schema)[1];
+        assert_eq!(read["properties"]["arguments"]["properties"]["path"]["pattern"], PATH_PATTERN);
+        let pattern = PATH_PATTERN.trim_start_matches('^').trim_end_matches('$');
+        assert!(!pattern.is_empty());
+        // Nothing readable: no read_file at all.
+        let mut none = admissible(false);
+        none.readable = Some(Vec::new());
+        assert!(branches(&none.json_schema()).iter().all(|b| b["properties"]["tool"]["const"] != "read_file"));
+        assert!(!none.grammar().contains("read"));
+    }
+
+    #[test]
+    fn the_grammar_holds_one_command_and_done_only_when_allowed() {
+        let before = admissible(false).grammar();
+        assert!(before.starts_with("root ::= write | read | list\n"), "{before}");
+        assert!(before.contains("writable ::= \"a.rs\"") && before.contains("readable ::= \"src/lib.rs\""));
+        assert!(before.contains("content ::= piece{0,100}"), "{before}");
+        let after = admissible(true).grammar();
+        assert!(after.starts_with("root ::= write | read | list | done\n"), "{after}");
+        let mut open = admissible(true);
+        open.writable.clear();
+        open.readable = None;
+        let grammar = open.grammar();
+        assert!(grammar.contains("writable ::= path") && grammar.contains("path ::= [A-Za-z0-9_]"), "{grammar}");
+        assert_eq!(gbnf_literal("a\"b\\c"), "\"a\\\"b\\\\c\"");
+    }
+
+    #[test]
+    fn native_tools_are_narrowed_the_same_way() {
+        let names = |a: &Admissible| a.tools().iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(&admissible(false)), ["read_file", "write_file", "list_files"]);
+        let mut checked = admissible(true);
+        checked.check = true;
+        assert_eq!(names(&checked), ["read_file", "write_file", "list_files", "finish", "check"]);
+        let write = admissible(false).tools().into_iter().find(|s| s.name == "write_file").unwrap();
+        assert_eq!(write.parameters["properties"]["path"]["enum"], json!(["a.rs"]));
+    }
+
+    #[test]
+    fn native_is_carried_in_json_where_only_a_schema_is_enforced_and_the_note_says_so() {
+        let llama = Enforcement {
+            server: "llama-server".into(),
+            json_schema: true,
+            grammar: true,
+            tool_call: false,
+            why_not: Some("its chat template".into()),
+            max_output_tokens: None,
+        };
+        let carried = plan(ToolProtocol::Native, &llama);
+        assert_eq!((carried.protocol, carried.kind), (ToolProtocol::Json, Some(ConstraintKind::JsonSchema)));
+        assert!(carried.note.unwrap().contains("llama-server cannot be made to call a tool natively (its chat template)"));
+        assert_eq!(plan(ToolProtocol::Blocks, &llama).kind, Some(ConstraintKind::Grammar));
+        let vllm = Enforcement { server: "vLLM".into(), json_schema: true, grammar: true, tool_call: true, ..Enforcement::default() };
+        assert_eq!(plan(ToolProtocol::Native, &vllm).kind, Some(ConstraintKind::ToolCall));
+        let ollama = Enforcement { server: "Ollama 0.6.2".into(), json_schema: true, ..Enforcement::default() };
+        let blocks = plan(ToolProtocol::Blocks, &ollama);
+        assert_eq!(blocks.kind, None);
+        assert!(blocks.note.unwrap().contains("the `json` protocol can be"));
+        assert_eq!(plan(ToolProtocol::Json, &Enforcement::nothing(None)), Plan { protocol: ToolProtocol::Json, kind: None, note: None });
+        let unknown = plan(ToolProtocol::Json, &Enforcement::nothing(Some("the server did not say what it is".into())));
+        assert!(unknown.note.unwrap().contains("nothing constrained this step's replies: the server did not say"));
+    }
+
+    #[test]
+    fn digests_tell_constraints_apart() {
+        let a = Constraint::JsonSchema(admissible(false).json_schema());
+        let b = Constraint::JsonSchema(admissible(true).json_schema());
+        assert_ne!(a.digest(), b.digest());
+        assert_eq!(a.digest(), a.clone().digest());
+        assert!(a.digest().starts_with("sha256:") && a.digest().len() == 23);
+        assert_ne!(Constraint::ToolCall.digest(), Constraint::Grammar(String::new()).digest());
+    }
+}
