@@ -5,6 +5,7 @@
 mod backends;
 mod cancel;
 mod check_loop;
+mod constrained;
 mod env_vars;
 mod ollama_recorded;
 mod prompt_bytes;

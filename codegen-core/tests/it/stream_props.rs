@@ -3,7 +3,7 @@
 //! rendered from a reply decodes to that reply.
 
 use codegen_core::__private::stream::{AssembledCall, AssembledReply, Decoder, StreamError};
-use codegen_core::backend::Usage;
+use codegen_core::backend::{PromptCache, Usage};
 use codegen_core::chat::Arguments;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
@@ -211,7 +211,11 @@ proptest! {
         cuts in prop::collection::vec(any::<usize>(), 0..30),
     ) {
         let bytes = render_ollama(&reply, &sizes);
-        prop_assert_eq!(decode(Decoder::ollama(), &bytes, &cuts), Ok(reply.reply("stop", false)));
+        prop_assert_eq!(decode(Decoder::ollama(), &bytes, &cuts), Ok(AssembledReply {
+            // Ollama counts the prompt tokens it read, which is what its cache saved it.
+            prompt_cache: Some(PromptCache { read: reply.prompt_tokens, reused: None }),
+            ..reply.reply("stop", false)
+        }));
     }
 
     #[test]
