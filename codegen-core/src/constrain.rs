@@ -188,7 +188,9 @@ pub fn plan(protocol: ToolProtocol, enforcement: &Enforcement) -> Plan {
         ToolProtocol::Json if enforcement.json_schema => {
             Plan { protocol, kind: Some(ConstraintKind::JsonSchema), note: None }
         }
-        ToolProtocol::Blocks if enforcement.grammar => Plan { protocol, kind: Some(ConstraintKind::Grammar), note: None },
+        ToolProtocol::Blocks if enforcement.grammar => {
+            Plan { protocol, kind: Some(ConstraintKind::Grammar), note: None }
+        }
         _ => match why {
             Some(why) if !enforcement.json_schema && !enforcement.grammar && !enforcement.tool_call => {
                 unconstrained(format!("nothing constrained this step's replies: {why}"))
@@ -197,7 +199,13 @@ pub fn plan(protocol: ToolProtocol, enforcement: &Enforcement) -> Plan {
             _ => unconstrained(format!(
                 "{server} cannot enforce the `{protocol}` protocol, so this step's replies were not constrained; the \
                  `{}` protocol can be",
-                if enforcement.json_schema { "json" } else if enforcement.grammar { "blocks" } else { "native" }
+                if enforcement.json_schema {
+                    "json"
+                } else if enforcement.grammar {
+                    "blocks"
+                } else {
+                    "native"
+                }
             )),
         },
     }
@@ -271,7 +279,13 @@ impl Admissible {
             .into_iter()
             .map(|name| {
                 let (arguments, required) = self.arguments_schema(name);
-                object(&[("tool", format!("{{\"const\":{}}}", json_string(name))), ("arguments", object(&arguments, &required))], &["tool", "arguments"])
+                object(
+                    &[
+                        ("tool", format!("{{\"const\":{}}}", json_string(name))),
+                        ("arguments", object(&arguments, &required)),
+                    ],
+                    &["tool", "arguments"],
+                )
             })
             .collect();
         format!("{{\"anyOf\":[{}]}}", branches.join(","))
@@ -362,9 +376,7 @@ impl Admissible {
 /// A GBNF rule body for one of `files`, or any readable-looking path when there is no list.
 fn path_rule(files: Option<&Vec<String>>) -> String {
     match files {
-        Some(files) if !files.is_empty() => {
-            files.iter().map(|file| gbnf_literal(file)).collect::<Vec<_>>().join(" | ")
-        }
+        Some(files) if !files.is_empty() => files.iter().map(|file| gbnf_literal(file)).collect::<Vec<_>>().join(" | "),
         _ => "path".to_string(),
     }
 }
@@ -494,15 +506,26 @@ mod tests {
         };
         let carried = plan(ToolProtocol::Native, &llama);
         assert_eq!((carried.protocol, carried.kind), (ToolProtocol::Json, Some(ConstraintKind::JsonSchema)));
-        assert!(carried.note.unwrap().contains("llama-server cannot be made to call a tool natively (its chat template)"));
+        assert!(
+            carried.note.unwrap().contains("llama-server cannot be made to call a tool natively (its chat template)")
+        );
         assert_eq!(plan(ToolProtocol::Blocks, &llama).kind, Some(ConstraintKind::Grammar));
-        let vllm = Enforcement { server: "vLLM".into(), json_schema: true, grammar: true, tool_call: true, ..Enforcement::default() };
+        let vllm = Enforcement {
+            server: "vLLM".into(),
+            json_schema: true,
+            grammar: true,
+            tool_call: true,
+            ..Enforcement::default()
+        };
         assert_eq!(plan(ToolProtocol::Native, &vllm).kind, Some(ConstraintKind::ToolCall));
         let ollama = Enforcement { server: "Ollama 0.6.2".into(), json_schema: true, ..Enforcement::default() };
         let blocks = plan(ToolProtocol::Blocks, &ollama);
         assert_eq!(blocks.kind, None);
         assert!(blocks.note.unwrap().contains("the `json` protocol can be"));
-        assert_eq!(plan(ToolProtocol::Json, &Enforcement::nothing(None)), Plan { protocol: ToolProtocol::Json, kind: None, note: None });
+        assert_eq!(
+            plan(ToolProtocol::Json, &Enforcement::nothing(None)),
+            Plan { protocol: ToolProtocol::Json, kind: None, note: None }
+        );
         let unknown = plan(ToolProtocol::Json, &Enforcement::nothing(Some("the server did not say what it is".into())));
         assert!(unknown.note.unwrap().contains("nothing constrained this step's replies: the server did not say"));
     }

@@ -248,6 +248,16 @@ impl Event {
     }
 }
 
+/// The model's replies in a transcript, and how many were one runnable tool call
+/// ([`Transcript::replies`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replies {
+    /// Replies received (model calls made).
+    pub sent: u32,
+    /// Those that were exactly one call the loop could run.
+    pub runnable: u32,
+}
+
 /// Every kind of [`Event`], as the `event` field names it.
 pub const EVENT_KINDS: [&str; 10] = [
     "start",
@@ -351,6 +361,35 @@ impl Transcript {
             }
         }
         totals
+    }
+
+    /// How many of the model's replies were one tool call the loop could run: exactly one
+    /// call, read, of a known tool, with arguments the tool and the sandbox accept. A `finish`
+    /// refused by a failed check counts as run (its content failed, not its shape); one
+    /// refused because an output is missing does not (it could not succeed then).
+    pub fn replies(&self) -> Replies {
+        let mut replies = Replies::default();
+        for event in &self.events {
+            let Event::ModelCall { number, .. } = event else { continue };
+            replies.sent += 1;
+            let runs: Vec<(&str, bool)> = self
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::ToolRun { model_call, tool, ok, .. } if model_call == number => Some((tool.as_str(), *ok)),
+                    _ => None,
+                })
+                .collect();
+            let check_failed = self.events.iter().any(|e| {
+                matches!(e, Event::Check { model_call, asked_by_model: false, diagnostics: Some(_), .. } if model_call == number)
+            });
+            if let [(tool, ok)] = runs.as_slice()
+                && (*ok || (*tool == "finish" && check_failed))
+            {
+                replies.runnable += 1;
+            }
+        }
+        replies
     }
 
     /// Writes one JSON object per event and line.
@@ -470,7 +509,11 @@ mod tests {
                 put_off: Some("step 02 writes b.rs".into()),
             },
             Event::Fallback { from: ToolProtocol::Native, to: ToolProtocol::Json, reason: "no tools".into() },
-            Event::Constrained { protocol: ToolProtocol::Json, by: ConstraintKind::JsonSchema, server: "llama-server".into() },
+            Event::Constrained {
+                protocol: ToolProtocol::Json,
+                by: ConstraintKind::JsonSchema,
+                server: "llama-server".into(),
+            },
             Event::Unconstrained { reason: "HTTP 400: grammar".into() },
             Event::End {
                 outcome: EndOutcome::Finished,

@@ -767,7 +767,9 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
                 return;
             }
             // Before the first byte: what the client does because of the answer comes after.
-            state.timeline.push(Moment::Answered(index));
+            if let Some(index) = index {
+                state.timeline.push(Moment::Answered(index));
+            }
         }
         let keep_going = match action {
             Action::Respond { status, headers, body } => {
@@ -816,8 +818,9 @@ fn wait_until_seen(shared: &Shared, key: &str) -> bool {
 
 /// A request's answer, decided under the lock.
 struct Answer {
-    /// The request's index in the record.
-    index: usize,
+    /// The request's index in the record; `None` for a discovery request, which is not in
+    /// the timeline.
+    index: Option<usize>,
     /// Keys of requests to wait for first ([`Reply::once_seen`]).
     wait_for: Vec<String>,
     /// Whether it comes from the script or a route (so it waits the latency).
@@ -874,14 +877,24 @@ fn error_protocol(path: &str) -> Protocol {
 /// order is the answer order.
 fn answer(shared: &Shared, request: RecordedRequest) -> Answer {
     let mut state = shared.lock();
-    let index = state.requests.len();
-    state.timeline.push(Moment::Arrived(index));
+    let index = (!is_discovery(&request)).then_some(state.requests.len());
+    if let Some(index) = index {
+        state.timeline.push(Moment::Arrived(index));
+    }
     // Replies waiting for this request may go now.
     shared.stop_signal.notify_all();
     let route = state.routes.iter().position(|(key, _)| request.body.contains(key.as_str()));
     let mut wait_for = Vec::new();
     let action = respond(&mut state, request, route, &mut wait_for);
     Answer { index, scripted: action.1, wait_for, action: action.0 }
+}
+
+/// Whether `request` asks what the server is (`GET …/models`, `…/api/version`, `…/health`),
+/// which is answered from its [`Identity`] without the script.
+fn is_discovery(request: &RecordedRequest) -> bool {
+    let path = request.path.split('?').next().unwrap_or_default();
+    request.method.eq_ignore_ascii_case("GET")
+        && ["/api/version", "/health", "/models"].iter().any(|end| path.ends_with(end))
 }
 
 /// The answer to `request` (recorded here): the next reply of route `route`, else of the
@@ -893,15 +906,13 @@ fn respond(
     wait_for: &mut Vec<String>,
 ) -> (Action, bool) {
     let path = request.path.split('?').next().unwrap_or_default().to_owned();
-    let is_get = request.method.eq_ignore_ascii_case("GET");
     // The model echoed in replies: the request's, like real servers.
     let model = serde_json::from_str::<Value>(&request.body)
         .ok()
         .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "fake-model".to_owned());
     let ok = |body: Value| Action::Respond { status: 200, headers: Vec::new(), body: body.to_string() };
-    let discovery = is_get && ["/api/version", "/health", "/models"].iter().any(|end| path.ends_with(end));
-    if discovery {
+    if is_discovery(&request) {
         state.discovery.push(request);
         let owner = match &state.identity {
             Identity::Anonymous => None,

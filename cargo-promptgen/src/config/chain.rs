@@ -7,8 +7,8 @@ use std::num::NonZeroU32;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
-use codegen_core::ToolProtocol;
 use codegen_core::backend::{BackendConfig, BackendKind, ollama, openai};
+use codegen_core::{Constrain, ToolProtocol};
 
 use super::store::StoreSettings;
 use crate::graph::Graph;
@@ -240,6 +240,8 @@ pub struct StepConfig {
     pub max_model_calls: u32,
     /// How the model calls tools.
     pub protocol: ToolProtocol,
+    /// Whether the server is asked to enforce the protocol (`constrain`, default `auto`).
+    pub constrain: Constrain,
     /// Files the step must write: relative forward-slash paths, normalised (no `.` or empty
     /// components), without `..`.
     pub outputs: Vec<String>,
@@ -295,6 +297,12 @@ impl CheckSpec {
 }
 
 impl StepConfig {
+    /// Whether the step's requests are constrained where the server can be: `constrain` is
+    /// `auto` and there is a server (the scripted backend replays turns, enforcing nothing).
+    pub fn constrained(&self) -> bool {
+        self.constrain == Constrain::Auto && self.backend.kind != BackendKind::Scripted
+    }
+
     /// The seed of run `n` of the step, counting from 0: the configured seed (or none) for the
     /// first run, then the seeds after it, one per run (each retry of `seed_retries`, each
     /// trial of `eval`).

@@ -19,6 +19,8 @@
 //! max_model_calls = 8                   # optional, >= 1: model calls per step, repairs included
 //!                                       # (default Step::DEFAULT_MAX_MODEL_CALLS; old name: max_steps)
 //! protocol = "native"                   # "native" | "json" | "blocks" (default "native")
+//! constrain = "auto"                    # "auto" | "off": the server enforces the protocol where
+//!                                       # it can (codegen_core::constrain); default "auto"
 //! system_prompt = "prompts/system.md"   # optional file, relative to the package directory
 //! num_ctx = 16384                       # optional, >= 1: Ollama's context window
 //! max_output_tokens = 4096              # optional, >= 1: the most tokens one reply may have
@@ -48,7 +50,7 @@
 //! after = ["01", "03"]                  # optional: the steps whose outputs this one builds on
 //!                                       # ([] for none; default: the step before it in id order)
 //! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
-//! # system_prompt, check, check_rounds, seed_retries
+//! # constrain, system_prompt, check, check_rounds, seed_retries
 //!
 //! [package.metadata.promptgen.eval]     # optional: what `cargo promptgen eval` requires
 //! min_pass_rate = 0.6                   # optional number from 0 to 1: the pass@1 every

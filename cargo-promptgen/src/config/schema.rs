@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
 
-use codegen_core::ToolProtocol;
 use codegen_core::backend::BackendKind;
+use codegen_core::{Constrain, ToolProtocol};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
@@ -62,6 +62,8 @@ macro_rules! with_shared_keys {
                 max_model_calls | "max_steps": NonZeroU32 => "an integer of at least 1 (the model calls the step may make, e.g. 8)",
                 /// How the model calls tools.
                 protocol: ToolProtocol => one_of::<ToolProtocol>(),
+                /// Whether the server is asked to enforce the protocol.
+                constrain: Constrain => one_of::<Constrain>(),
                 /// A file of instructions sent before the prompt.
                 system_prompt: String => "a string (a file, relative to the manifest's folder)",
                 /// The check the output must pass.

@@ -9,8 +9,8 @@ use std::num::NonZeroU32;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
-use codegen_core::ToolProtocol;
 use codegen_core::sandbox::{SandboxError, input_files};
+use codegen_core::{Constrain, ToolProtocol};
 use toml::Spanned;
 
 use super::after::{GraphDecl, Written};
@@ -226,6 +226,7 @@ pub(super) struct Shared {
     pub(super) temperature: Option<f64>,
     pub(super) max_model_calls: Option<u32>,
     pub(super) protocol: Option<ToolProtocol>,
+    pub(super) constrain: Option<Constrain>,
     pub(super) system_prompt: Option<PathBuf>,
     pub(super) check: Option<CheckSpec>,
     pub(super) check_rounds: Option<u32>,
@@ -247,6 +248,7 @@ macro_rules! check_shared {
                 .transpose()?,
             max_model_calls: value(&table.max_model_calls).map(NonZeroU32::get),
             protocol: value(&table.protocol),
+            constrain: value(&table.constrain),
             system_prompt: table
                 .system_prompt
                 .as_ref()

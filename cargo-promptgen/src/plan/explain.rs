@@ -45,6 +45,12 @@ pub fn explain(step: &StepConfig, recorded: &Fingerprint, now: &Fingerprint) -> 
         let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
         reasons.push(format!("check changed: {} -> {}", show(&recorded.check), show(&now.check)));
     }
+    if recorded.constrain != now.constrain {
+        reasons.push(match now.constrain {
+            Some(_) => "constrained decoding is on now (`constrain = \"off\"` turns it off)".into(),
+            None => "constrained decoding is off now".into(),
+        });
+    }
     if recorded.script != now.script {
         reasons.push("its script changed".into());
     }

@@ -111,6 +111,7 @@ pub(super) fn fingerprint_with(
             (Some(script), codegen_core::backend::BackendKind::Scripted) => Some(memo.hash_file(script)?),
             _ => None,
         },
+        constrain: step.constrained().then(|| codegen_core::Constrain::Auto.as_str().to_string()),
         outputs: step.outputs.clone(),
         inputs,
         previous: handoff.previous,

@@ -162,6 +162,7 @@ mod tests {
             contract: sha256_hex(b"c"),
             check: None,
             script: None,
+            constrain: None,
             outputs: Vec::new(),
             inputs: Default::default(),
             previous: None,

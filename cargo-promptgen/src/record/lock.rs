@@ -98,6 +98,11 @@ pub struct Fingerprint {
     /// Hash of the script, for the scripted backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
+    /// `auto` when the server was asked to enforce the protocol (constrained decoding changes
+    /// what a model writes); absent when it was not (`constrain = "off"`, or the scripted
+    /// backend, which has no server), so that those keys are what they were before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constrain: Option<String>,
     /// Declared outputs.
     #[serde(default)]
     pub outputs: Vec<String>,
@@ -309,6 +314,7 @@ mod tests {
             contract: sha256_hex(b"contract"),
             check: Some("rustc".into()),
             script: Some(sha256_hex(b"script")),
+            constrain: None,
             outputs: vec!["view.rs".into()],
             inputs: BTreeMap::from([("src/domain.rs".to_string(), sha256_hex(b"domain"))]),
             previous: None,

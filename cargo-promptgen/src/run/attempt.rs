@@ -89,6 +89,7 @@ pub(crate) fn attempt(
     core_step
         .max_model_calls(step.max_model_calls)
         .protocol(step.protocol)
+        .constrain(step.constrain)
         .check_rounds(step.check_rounds)
         .cancel_on((*cancel).clone());
     if let Some(text) = system_prompt {

@@ -18,7 +18,7 @@ use codegen_core::backend::{BackendConfig, BackendError, BackendKind, ChatReques
 use codegen_core::chat::Message;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Transcript, Volatility};
-use codegen_core::{Error, Observer, Step, StepFailure, StepOutput, ToolProtocol};
+use codegen_core::{Constrain, Error, Observer, Step, StepFailure, StepOutput, ToolProtocol};
 
 use crate::support;
 use crate::support::{Package, run, text};
@@ -87,7 +87,9 @@ fn one_step(protocol: ToolProtocol, max_model_calls: u32) -> (tempfile::TempDir,
         // (tried on llama-server with the tools in its template).
         "Save the text hello world to hello.txt.",
     );
-    step.protocol(protocol).seed(1).temperature(0.0).max_model_calls(max_model_calls);
+    // These tests pin what the servers do with the protocols unconstrained; the constrained
+    // ones below set their own.
+    step.protocol(protocol).seed(1).temperature(0.0).max_model_calls(max_model_calls).constrain(Constrain::Off);
     let result = step.run(backend(&server_url()).as_mut(), &mut sandbox);
     let outside: Vec<PathBuf> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).filter(|p| *p != out).collect();
@@ -181,8 +183,14 @@ fn the_tools_are_rendered_into_the_prompt_the_model_sees() {
     let messages = [Message::system("You work through tools."), Message::user("Say hello.")];
     let specs = codegen_core::__private::tools::specs_for(false);
     let mut ask = |tools: &[codegen_core::chat::ToolSpec]| {
-        let request =
-            ChatRequest { model: "smollm2", messages: &messages, tools, seed: Some(1), temperature: Some(0.0), constraint: None };
+        let request = ChatRequest {
+            model: "smollm2",
+            messages: &messages,
+            tools,
+            seed: Some(1),
+            temperature: Some(0.0),
+            constraint: None,
+        };
         backend.chat(&request).unwrap_or_else(|e| panic!("{e}")).usage.prompt_tokens.unwrap_or(0)
     };
     let (without, with) = (ask(&[]), ask(&specs));
@@ -212,8 +220,14 @@ fn a_real_tool_call_round_trips_through_the_backend() {
             Vec::new(),
         ));
     }
-    let request =
-        ChatRequest { model: "smollm2", messages: &sent, tools: &specs, seed: Some(1), temperature: Some(0.0), constraint: None };
+    let request = ChatRequest {
+        model: "smollm2",
+        messages: &sent,
+        tools: &specs,
+        seed: Some(1),
+        temperature: Some(0.0),
+        constraint: None,
+    };
     let reply = backend.chat(&request).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "MEASURE {} tool call: finish_reason {:?}, {:?}",
@@ -234,8 +248,14 @@ fn a_real_tool_call_round_trips_through_the_backend() {
     // The echo of the call and its result, in our wire shape, is accepted.
     messages.push(Message::assistant("", vec![call.clone()]));
     messages.push(Message::tool_result(&call, "Wrote hello.txt (11 bytes)."));
-    let request =
-        ChatRequest { model: "smollm2", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0), constraint: None };
+    let request = ChatRequest {
+        model: "smollm2",
+        messages: &messages,
+        tools: &specs,
+        seed: Some(1),
+        temperature: Some(0.0),
+        constraint: None,
+    };
     let next = backend.chat(&request).unwrap_or_else(|e| panic!("the server refused our echo of its own call: {e}"));
     assert!(next.usage.prompt_tokens.unwrap_or(0) > 0, "{next:?}");
 }
@@ -265,7 +285,7 @@ fn an_unknown_model_name_is_served_by_the_default_model() {
     let dir = tempfile::tempdir().unwrap();
     let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
     let mut step = Step::new("no-such-model-anywhere", "Say hello.");
-    step.protocol(ToolProtocol::Json).max_model_calls(2);
+    step.protocol(ToolProtocol::Json).max_model_calls(2).constrain(Constrain::Off);
     let result = step.run(backend(&server_url()).as_mut(), &mut sandbox);
     assert_clean(&result);
     assert!(transcript(&result).totals().prompt_tokens > 0);
@@ -312,6 +332,7 @@ max_output_tokens = 160
 [[package.metadata.promptgen.steps]]
 id = "01"
 prompt = "prompts/01.md"
+outputs = ["hello.txt"]
 "#;
 
 #[test]
@@ -347,7 +368,7 @@ fn cargo_promptgen_records_a_real_run_and_the_next_run_calls_no_model() {
 #[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
 fn eval_runs_every_trial_against_the_real_server_and_records_nothing_of_the_package() {
     let _watch = ServerWatch;
-    let metadata = ONE_STEP.replace("max_model_calls = 4", "max_model_calls = 2") + "outputs = [\"hello.txt\"]\n";
+    let metadata = ONE_STEP.replace("max_model_calls = 4", "max_model_calls = 2");
     let package = Package::new(&metadata, "");
     package.write("prompts/01.md", "Write the file hello.txt containing the text: hello world.\n");
     let before = support::snapshot(package.dir.path());
@@ -452,17 +473,19 @@ const TWO_STEPS: &str = r#"
 [package.metadata.promptgen]
 backend = "openai"
 model = "smollm2"
-max_model_calls = 3
+max_model_calls = 4
 protocol = "json"
 max_output_tokens = 64
 
 [[package.metadata.promptgen.steps]]
 id = "01"
 prompt = "prompts/01.md"
+outputs = ["hello.txt"]
 
 [[package.metadata.promptgen.steps]]
 id = "02"
 prompt = "prompts/02.md"
+outputs = ["bye.txt"]
 "#;
 
 #[test]
@@ -471,8 +494,8 @@ fn a_server_stopped_midway_is_a_clear_error_and_the_lock_keeps_what_finished() {
     let _watch = ServerWatch;
     let mut server = OwnServer::start();
     let package = Package::new(TWO_STEPS, "");
-    package.write("prompts/01.md", "Say hello.\n");
-    package.write("prompts/02.md", "Say goodbye.\n");
+    package.write("prompts/01.md", "Write hello to hello.txt.\n");
+    package.write("prompts/02.md", "Write goodbye to bye.txt.\n");
     let mut child = package.promptgen(&[]).env("OPENAI_BASE_URL", &server.url).stderr(Stdio::piped()).spawn().unwrap();
     // Stop the server as soon as step 01 is recorded (or the run ends).
     let lock = package.path("promptgen.lock");
@@ -484,8 +507,9 @@ fn a_server_stopped_midway_is_a_clear_error_and_the_lock_keeps_what_finished() {
     let _ = server.child.wait();
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    // Step 01 answers "Say hello." in one call (the json protocol ends on a reply without a
-    // call, cut at 64 tokens or not); step 02's request is in flight when the server dies.
+    // Step 01 writes hello.txt and finishes: the server enforces the json protocol's schema,
+    // which admits only a write of hello.txt until it exists; step 02's request is in flight
+    // when the server dies (or about to be sent).
     assert!(lock.exists(), "step 01 was recorded before the stop: {stderr}");
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("step `02` failed"), "{stderr}");
@@ -649,8 +673,14 @@ fn a_server_frozen_in_the_middle_of_a_reply_is_a_stall_within_the_idle_timeout()
     config.http.idle_timeout = Duration::from_secs(2);
     let mut backend = config.open().unwrap();
     let messages = [codegen_core::chat::Message::user("Tell a long story about a lighthouse keeper.")];
-    let request =
-        ChatRequest { model: "smollm2", messages: &messages, tools: &[], seed: Some(1), temperature: Some(0.0), constraint: None };
+    let request = ChatRequest {
+        model: "smollm2",
+        messages: &messages,
+        tools: &[],
+        seed: Some(1),
+        temperature: Some(0.0),
+        constraint: None,
+    };
     let mut frozen_after = None;
     let started = Instant::now();
     let result = backend.chat_observed(&request, &mut |progress| {
@@ -675,5 +705,143 @@ fn a_server_frozen_in_the_middle_of_a_reply_is_a_stall_within_the_idle_timeout()
             assert_eq!(pieces, frozen_after);
         }
         other => panic!("expected a stall, got {other:?}"),
+    }
+}
+
+/// A step constrained by the real server: a trivial one-file task, in one protocol, seed `seed`.
+fn constrained_step(
+    protocol: ToolProtocol,
+    seed: u64,
+    constrain: Constrain,
+    cap: u32,
+) -> Result<StepOutput, StepFailure> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
+    let mut config = BackendConfig::new(BackendKind::OpenAi);
+    config.base_url = Some(server_url());
+    config.max_output_tokens = cap;
+    config.http.request_timeout = Duration::from_secs(300);
+    let mut backend = config.open().unwrap();
+    let mut step =
+        Step::new("smollm2", "Write the file a.rs containing exactly this line:\npub fn one() -> u32 { 1 }\n");
+    step.protocol(protocol).seed(seed).temperature(0.7).max_model_calls(3).expect_output("a.rs").constrain(constrain);
+    step.run(backend.as_mut(), &mut sandbox)
+}
+
+/// Every reply the real server sends under the constraint is one tool call the loop runs, in
+/// every protocol: `json` under a schema, `blocks` under a grammar, `native` carried in `json`
+/// (neither server can be made to call a tool natively). The model is too small to write the
+/// right line; the shape is what the server guarantees.
+#[test]
+#[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
+fn constrained_replies_are_runnable_calls_in_every_protocol() {
+    let _watch = ServerWatch;
+    for protocol in ToolProtocol::ALL {
+        let (mut sent, mut runnable) = (0, 0);
+        for seed in 1..=3 {
+            let result = constrained_step(protocol, seed, Constrain::Auto, 160);
+            if let Err(failure) = &result {
+                assert!(matches!(failure.error, Error::BudgetExhausted { .. }), "unexpected failure: {failure}");
+            }
+            let transcript = transcript(&result);
+            let by = transcript.events.iter().find_map(|e| match e {
+                Event::Constrained { protocol, by, server } => Some((*protocol, *by, server.clone())),
+                _ => None,
+            });
+            let (ran_in, _, server) = by.unwrap_or_else(|| panic!("{protocol}: the step was not constrained"));
+            assert_eq!(server, server_kind());
+            assert_eq!(ran_in, if protocol == ToolProtocol::Native { ToolProtocol::Json } else { protocol });
+            let replies = transcript.replies();
+            sent += replies.sent;
+            runnable += replies.runnable;
+            if replies.runnable < replies.sent {
+                println!("{}", transcript.to_jsonl(Volatility::Omit));
+            }
+        }
+        println!(
+            "MEASURE {} constrained {protocol}: {runnable} of {sent} replies were one runnable call",
+            server_kind()
+        );
+        assert_eq!(runnable, sent, "{protocol}: every constrained reply is a runnable call");
+    }
+}
+
+/// Why a `native` step is carried in `json` on llama-server: asked with `tool_choice:
+/// "required"`, it still lets the model answer in prose (its grammar for a template without a
+/// tool-call prefix of its own admits text before the call), so no native request can be made
+/// to be a call. If this ever fails, llama-server enforces it now: constrain `native` natively.
+#[test]
+#[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
+fn llama_server_lets_prose_come_before_a_required_tool_call() {
+    let _watch = ServerWatch;
+    if server_kind() != "llama-server" {
+        return;
+    }
+    let mut backend = backend(&server_url());
+    let specs = codegen_core::__private::tools::specs_for(false);
+    let messages = [
+        Message::system("You work on a project through tools."),
+        Message::user("Write the file a.rs containing exactly this line:\npub fn one() -> u32 { 1 }\n"),
+    ];
+    let constraint = codegen_core::constrain::Constraint::ToolCall;
+    let mut prose = 0;
+    for seed in 1..=4 {
+        let request = ChatRequest {
+            model: "smollm2",
+            messages: &messages,
+            tools: &specs,
+            seed: Some(seed),
+            temperature: Some(0.7),
+            constraint: Some(&constraint),
+        };
+        let reply = backend.chat(&request).unwrap_or_else(|e| panic!("{e}"));
+        if reply.message.tool_calls.is_empty() {
+            prose += 1;
+        }
+    }
+    println!("MEASURE llama-server tool_choice required: {prose} of 4 replies were not a tool call");
+    assert!(prose > 0, "every reply was a call: llama-server enforces a required tool call with this template now");
+}
+
+/// The server's prompt cache: from turn 2 on, what llama-server reads again is about what is
+/// new that turn (the tool results and repairs), even after a reply cut off at the output cap,
+/// because every reply goes back exactly as the server generated it.
+#[test]
+#[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
+fn the_server_reads_only_what_is_new_each_turn() {
+    let _watch = ServerWatch;
+    if server_kind() != "llama-server" {
+        return;
+    }
+    for (constrain, cap) in [(Constrain::Off, 64), (Constrain::Auto, 160)] {
+        let result = constrained_step(ToolProtocol::Json, 1, constrain, cap);
+        let transcript = transcript(&result);
+        let calls: Vec<(u64, u64, u64, bool)> = transcript
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::ModelCall { usage, finish_reason, volatile: Some(v), .. } => v.prompt_cache.map(|c| {
+                    (
+                        c.read,
+                        c.read + c.reused.unwrap_or(0),
+                        usage.completion_tokens.unwrap_or(0),
+                        finish_reason.as_deref() == Some("length"),
+                    )
+                }),
+                _ => None,
+            })
+            .collect();
+        assert!(calls.len() >= 2, "{constrain}: {calls:?}\n{}", transcript.to_jsonl(Volatility::Omit));
+        for pair in calls.windows(2) {
+            let ((_, before, generated, cut), (read, now, _, _)) = (pair[0], pair[1]);
+            // New this turn: what the prompt grew by, less the reply the server generated.
+            let new = now.saturating_sub(before + generated).max(1);
+            let ratio = read as f64 / new as f64;
+            println!(
+                "MEASURE llama-server cache, constrain {constrain} cap {cap}: read {read} of {now}, new {new}: {ratio:.2}x{}",
+                if cut { " (after a cut-off reply)" } else { "" }
+            );
+            assert!(ratio <= 1.2, "{constrain}: read {read} tokens again where {new} were new: {calls:?}");
+        }
     }
 }

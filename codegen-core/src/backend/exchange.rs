@@ -106,7 +106,11 @@ impl SentArguments {
     /// arguments (a whole JSON object); else `None`, and the caller serialises them.
     pub fn text_of(&self, call: &ToolCall) -> Option<&str> {
         match self.by_id.get(&call.id) {
-            Some((arguments, text)) if *arguments == call.arguments && matches!(call.arguments, crate::chat::Arguments::Object(_)) => Some(text),
+            Some((arguments, text))
+                if *arguments == call.arguments && matches!(call.arguments, crate::chat::Arguments::Object(_)) =>
+            {
+                Some(text)
+            }
             _ => None,
         }
     }

@@ -17,9 +17,9 @@ use {
     super::error::BackendError,
     super::exchange::{Ask, Exchange, SentArguments, Unread, Wire},
     super::kind::BackendKind,
+    crate::chat::{Message, Role, ToolSpec},
     crate::constrain::{Constraint, Enforcement},
     serde_json::value::RawValue,
-    crate::chat::{Message, Role, ToolSpec},
 };
 
 /// Where Ollama listens when nothing says otherwise.
@@ -134,8 +134,7 @@ impl Backend for Ollama {
             // Not Ollama, or not up: the chat request says what is wrong.
             Err(_) => return Enforcement::nothing(None),
         };
-        let numbers: Vec<u64> =
-            version.split(['.', '-', '+']).take(3).map(|part| part.parse().unwrap_or(0)).collect();
+        let numbers: Vec<u64> = version.split(['.', '-', '+']).take(3).map(|part| part.parse().unwrap_or(0)).collect();
         let at_least = |wanted: &[u64]| numbers.as_slice() >= wanted;
         if numbers.len() < 3 || numbers == [0, 0, 0] {
             return Enforcement::nothing(None);

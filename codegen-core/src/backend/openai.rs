@@ -103,7 +103,9 @@ impl Server {
             // that has no tool-call prefix of its own (ours), so a reply may still be text.
             Server::LlamaServer => (true, true, false, Some("its required tool call still admits prose first")),
             // `chatml-function-calling` asserts `tool_choice == "auto"`.
-            Server::LlamaCppPython => (true, true, false, Some("its chatml-function-calling takes only tool_choice \"auto\"")),
+            Server::LlamaCppPython => {
+                (true, true, false, Some("its chatml-function-calling takes only tool_choice \"auto\""))
+            }
             Server::Vllm => (true, true, true, None),
             // Ollama drops tool calls when `format` and `tools` come together.
             Server::Ollama => (true, false, false, Some("it drops tool calls under a format")),

@@ -44,7 +44,14 @@ fn openai(server: &FakeLlm) -> Box<dyn Backend> {
 
 fn ask(backend: &mut dyn Backend, messages: &[Message]) -> Result<codegen_core::backend::ChatResponse, BackendError> {
     let specs = tool_specs();
-    backend.chat(&ChatRequest { model: "m1", messages, tools: &specs, seed: Some(7), temperature: Some(0.0), constraint: None })
+    backend.chat(&ChatRequest {
+        model: "m1",
+        messages,
+        tools: &specs,
+        seed: Some(7),
+        temperature: Some(0.0),
+        constraint: None,
+    })
 }
 
 #[test]
@@ -94,7 +101,16 @@ fn ollama_num_ctx_and_output_cap_are_configurable_and_tools_are_left_out_when_no
     config.num_ctx = 32_768;
     config.max_output_tokens = 512;
     let mut backend = config.open().unwrap();
-    backend.chat(&ChatRequest { model: "m", messages: &hello(), tools: &[], seed: None, temperature: None, constraint: None }).unwrap();
+    backend
+        .chat(&ChatRequest {
+            model: "m",
+            messages: &hello(),
+            tools: &[],
+            seed: None,
+            temperature: None,
+            constraint: None,
+        })
+        .unwrap();
     let body = server.requests()[0].json();
     assert_eq!(body["options"], json!({"num_ctx": 32768, "num_predict": 512}));
     assert!(body.get("tools").is_none(), "{body}");
@@ -177,7 +193,14 @@ fn openai_requests_carry_the_output_cap_in_the_field_the_server_reads() {
     config
         .open()
         .unwrap()
-        .chat(&ChatRequest { model: "m", messages: &hello(), tools: &[], seed: None, temperature: None, constraint: None })
+        .chat(&ChatRequest {
+            model: "m",
+            messages: &hello(),
+            tools: &[],
+            seed: None,
+            temperature: None,
+            constraint: None,
+        })
         .unwrap();
     let body = server.requests()[0].json();
     assert_eq!(body["max_tokens"], 300, "{body}");

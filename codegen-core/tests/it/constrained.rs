@@ -7,7 +7,7 @@ use std::time::Duration;
 use codegen_core::backend::{Backend, BackendConfig, BackendKind, HttpConfig, RetryPolicy};
 use codegen_core::constrain::ConstraintKind;
 use codegen_core::sandbox::Sandbox;
-use codegen_core::transcript::Event;
+use codegen_core::transcript::{Event, Replies};
 use codegen_core::{Constrain, Step, StepOutput, ToolProtocol};
 use promptgen_tests::{FakeCall, FakeLlm, Identity, Reply, Turn};
 use serde_json::{Value, json};
@@ -29,7 +29,12 @@ fn backend(kind: BackendKind, server: &FakeLlm, max_output_tokens: u32) -> Box<d
 }
 
 /// Runs a step that must write `a.rs`, in `protocol`, against `server` seen as `identity`.
-fn run(kind: BackendKind, server: &FakeLlm, identity: Identity, protocol: ToolProtocol) -> (StepOutput, tempfile::TempDir) {
+fn run(
+    kind: BackendKind,
+    server: &FakeLlm,
+    identity: Identity,
+    protocol: ToolProtocol,
+) -> (StepOutput, tempfile::TempDir) {
     server.identify_as(identity);
     let dir = tempfile::tempdir().unwrap();
     let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
@@ -62,7 +67,12 @@ fn blocks_turns() -> Vec<Reply> {
 
 /// The tools a schema's branches name, in order.
 fn schema_tools(schema: &Value) -> Vec<String> {
-    schema["anyOf"].as_array().unwrap().iter().map(|b| b["properties"]["tool"]["const"].as_str().unwrap().to_owned()).collect()
+    schema["anyOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["properties"]["tool"]["const"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 fn constrained_events(output: &StepOutput) -> Vec<(ToolProtocol, ConstraintKind, String)> {
@@ -107,7 +117,10 @@ fn llama_server_gets_a_json_schema_that_admits_finish_only_once_the_output_exist
     assert_eq!(schema_tools(second), ["write_file", "read_file", "list_files", "finish"]);
     assert_eq!(second["anyOf"][1]["properties"]["arguments"]["properties"]["path"]["enum"], json!(["a.rs"]));
     // The transcript says how, and which constraint each call carried.
-    assert_eq!(constrained_events(&output), [(ToolProtocol::Json, ConstraintKind::JsonSchema, "llama-server".to_owned())]);
+    assert_eq!(
+        constrained_events(&output),
+        [(ToolProtocol::Json, ConstraintKind::JsonSchema, "llama-server".to_owned())]
+    );
     let digests = digests(&output);
     assert_eq!(digests.len(), 2);
     assert!(digests.iter().all(Option::is_some) && digests[0] != digests[1], "{digests:?}");
@@ -162,7 +175,12 @@ fn vllm_requires_a_native_tool_call_from_tools_narrowed_to_what_can_run() {
     assert_eq!(output.protocol, ToolProtocol::Native);
     let requests = server.requests();
     let names = |request: &Value| -> Vec<String> {
-        request["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()
+        request["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+            .collect()
     };
     let first = requests[0].json();
     assert_eq!(first["tool_choice"], "required");
@@ -187,7 +205,10 @@ fn ollama_takes_the_schema_as_format_from_0_5_on_and_an_older_one_is_told_apart(
     let first = server.requests()[0].json();
     assert_eq!(schema_tools(&first["format"]), ["write_file", "list_files"]);
     assert!(first.get("tools").is_none());
-    assert_eq!(constrained_events(&output), [(ToolProtocol::Json, ConstraintKind::JsonSchema, "Ollama 0.6.2".to_owned())]);
+    assert_eq!(
+        constrained_events(&output),
+        [(ToolProtocol::Json, ConstraintKind::JsonSchema, "Ollama 0.6.2".to_owned())]
+    );
 
     let server = FakeLlm::start(json_turns());
     let (output, _dir) = run(BackendKind::Ollama, &server, Identity::Ollama("0.4.7".into()), ToolProtocol::Json);
@@ -230,7 +251,11 @@ fn a_server_that_refuses_the_constraint_is_asked_again_without_it_once() {
     assert_eq!(requests.len(), 3);
     assert!(requests[0].json().get("response_format").is_some());
     assert!(requests[1..].iter().all(|r| r.json().get("response_format").is_none()), "no constraint after the refusal");
-    assert!(output.notes.iter().any(|n| n.contains("HTTP 400") && n.contains("failed to parse grammar")), "{:?}", output.notes);
+    assert!(
+        output.notes.iter().any(|n| n.contains("HTTP 400") && n.contains("failed to parse grammar")),
+        "{:?}",
+        output.notes
+    );
     let refusals: Vec<&String> = output
         .transcript
         .events
@@ -251,7 +276,8 @@ fn a_server_that_refuses_the_constraint_is_asked_again_without_it_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
     let mut backend = backend(BackendKind::OpenAi, &server, 256);
-    let failure = Step::new("m", "Write a.rs.").protocol(ToolProtocol::Json).run(backend.as_mut(), &mut sandbox).unwrap_err();
+    let failure =
+        Step::new("m", "Write a.rs.").protocol(ToolProtocol::Json).run(backend.as_mut(), &mut sandbox).unwrap_err();
     assert_eq!(server.requests().len(), 1, "{}", failure.error);
 }
 
@@ -297,4 +323,22 @@ fn what_the_server_read_of_the_prompt_and_took_from_its_cache_is_recorded() {
         })
         .collect();
     assert_eq!(caches, [(300, Some(0)), (40, Some(310))]);
+}
+
+#[test]
+fn replies_are_counted_runnable_only_when_they_are_one_call_that_could_run() {
+    let server = FakeLlm::start(vec![
+        Reply::turn(Turn::text("Sure! Here is the file you asked for.")),
+        json_call("finish", json!({"summary": "too early"})),
+        json_call("write_file", json!({"path": "../a.rs", "content": "x"})),
+        json_call("write_file", json!({"path": "a.rs", "content": "fn a() {}\n"})),
+        json_call("finish", json!({"summary": "Wrote a.rs."})),
+    ]);
+    let (output, _dir) = run(BackendKind::OpenAi, &server, Identity::Anonymous, ToolProtocol::Json);
+    // Prose, a finish while a.rs is missing, and a path outside the sandbox are not runnable.
+    assert_eq!(output.transcript.replies(), Replies { sent: 5, runnable: 2 });
+
+    let server = FakeLlm::start(json_turns());
+    let (output, _dir) = run(BackendKind::OpenAi, &server, Identity::LlamaServer, ToolProtocol::Json);
+    assert_eq!(output.transcript.replies(), Replies { sent: 2, runnable: 2 });
 }

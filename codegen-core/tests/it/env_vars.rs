@@ -10,7 +10,16 @@ use crate::support::alone_in_a_process;
 fn send(config: &BackendConfig) {
     let mut backend = config.open().unwrap();
     let messages = [Message::user("hi")];
-    backend.chat(&ChatRequest { model: "m", messages: &messages, tools: &[], seed: None, temperature: None, constraint: None }).unwrap();
+    backend
+        .chat(&ChatRequest {
+            model: "m",
+            messages: &messages,
+            tools: &[],
+            seed: None,
+            temperature: None,
+            constraint: None,
+        })
+        .unwrap();
 }
 
 #[test]

@@ -43,7 +43,14 @@ fn open(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
 /// Asks with the four tools, or with none.
 fn ask(backend: &mut dyn Backend, tools: bool) -> Result<ChatResponse, BackendError> {
     let specs = if tools { tool_specs() } else { Vec::new() };
-    backend.chat(&ChatRequest { model: "m", messages: &hello(), tools: &specs, seed: Some(1), temperature: Some(0.0), constraint: None })
+    backend.chat(&ChatRequest {
+        model: "m",
+        messages: &hello(),
+        tools: &specs,
+        seed: Some(1),
+        temperature: Some(0.0),
+        constraint: None,
+    })
 }
 
 /// Whether each request asked for a stream.
@@ -515,7 +522,8 @@ fn seen(progress: &Progress<'_>) -> Seen {
 
 fn ask_observed(backend: &mut dyn Backend, tools: bool, reports: &mut Vec<Seen>) -> ChatResponse {
     let specs = if tools { tool_specs() } else { Vec::new() };
-    let request = ChatRequest { model: "m", messages: &hello(), tools: &specs, seed: None, temperature: None, constraint: None };
+    let request =
+        ChatRequest { model: "m", messages: &hello(), tools: &specs, seed: None, temperature: None, constraint: None };
     backend.chat_observed(&request, &mut |progress| reports.push(seen(progress))).unwrap()
 }
 

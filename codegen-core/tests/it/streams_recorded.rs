@@ -36,8 +36,14 @@ fn backend(server: &FakeLlm) -> Box<dyn Backend> {
 fn ask(backend: &mut dyn Backend, tools: bool) -> ChatResponse {
     let specs = if tools { tool_specs() } else { Vec::new() };
     let messages = [Message::system("You are brief."), Message::user("Say hello.")];
-    let request =
-        ChatRequest { model: "smollm2", messages: &messages, tools: &specs, seed: Some(1), temperature: Some(0.0), constraint: None };
+    let request = ChatRequest {
+        model: "smollm2",
+        messages: &messages,
+        tools: &specs,
+        seed: Some(1),
+        temperature: Some(0.0),
+        constraint: None,
+    };
     backend.chat(&request).unwrap()
 }
 

@@ -325,10 +325,12 @@ fn event_html(event: &Event) -> String {
             }
             block(class, &label, message.content.trim_end())
         }
-        Event::ModelCall { number, usage, finish_reason, volatile, .. } => format!(
-            "<p class=\"call\">call {number} · {} prompt + {} completion tokens{}{}</p>\n",
+        Event::ModelCall { number, usage, finish_reason, constraint, volatile, .. } => format!(
+            "<p class=\"call\">call {number} · {} prompt{} + {} completion tokens{}{}{}</p>\n",
             usage.prompt_tokens.map_or("?".into(), |t| t.to_string()),
+            volatile.as_ref().and_then(|v| v.prompt_cache).map(crate::log::prompt_cache_text).unwrap_or_default(),
             usage.completion_tokens.map_or("?".into(), |t| t.to_string()),
+            constraint.as_ref().map(|d| format!(" · constrained ({})", escape(d))).unwrap_or_default(),
             volatile.as_ref().map(|v| format!(" · {:.1}s", v.duration.as_secs_f64())).unwrap_or_default(),
             finish_reason.as_ref().map(|r| format!(" · stop: {}", escape(r))).unwrap_or_default()
         ),
@@ -357,6 +359,15 @@ fn event_html(event: &Event) -> String {
             escape(to.as_str()),
             escape(reason)
         ),
+        Event::Constrained { protocol, by, server } => format!(
+            "<p class=\"tool ok\">constrained: {} enforces {} on every reply ({} protocol)</p>\n",
+            escape(if server.is_empty() { "the server" } else { server }),
+            escape(by.describe()),
+            escape(protocol.as_str())
+        ),
+        Event::Unconstrained { reason } => {
+            format!("<p class=\"repair\">unconstrained: the server refused the constraint: {}</p>\n", escape(reason))
+        }
         Event::End { outcome, summary, .. } => format!(
             "<p class=\"end {}\">end: {}{}</p>\n",
             escape(outcome.as_str()),

@@ -148,16 +148,20 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
                 writeln!(out, "  {style}{label}{name}{style:#}")?;
                 write_block(out, content, lines, "    ")?;
             }
-            Event::ModelCall { number, usage, finish_reason, volatile, .. } => {
+            Event::ModelCall { number, usage, finish_reason, constraint, volatile, .. } => {
                 totals.0 += 1;
                 totals.1 += usage.prompt_tokens.unwrap_or(0);
                 totals.2 += usage.completion_tokens.unwrap_or(0);
                 let mut parts = vec![format!("call {number}/{budget}")];
+                let cache = volatile.as_ref().and_then(|v| v.prompt_cache).map(prompt_cache_text).unwrap_or_default();
                 parts.push(format!(
-                    "{} prompt + {} completion tokens",
+                    "{} prompt{cache} + {} completion tokens",
                     count(usage.prompt_tokens),
                     count(usage.completion_tokens)
                 ));
+                if let Some(digest) = constraint {
+                    parts.push(format!("constrained ({digest})"));
+                }
                 if let Some(v) = volatile {
                     let ms = u64::try_from(v.duration.as_millis()).unwrap_or(u64::MAX);
                     totals.5 += ms;
@@ -209,6 +213,17 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
             Event::Fallback { from, to, reason } => {
                 writeln!(out, "  {TOOL}fell back{TOOL:#} from the {from} protocol to {to}: {reason}")?;
             }
+            Event::Constrained { protocol, by, server } => {
+                let server = if server.is_empty() { "the server" } else { server.as_str() };
+                writeln!(
+                    out,
+                    "  {TOOL}constrained{TOOL:#}: {server} enforces {} on every reply ({protocol} protocol)",
+                    by.describe()
+                )?;
+            }
+            Event::Unconstrained { reason } => {
+                writeln!(out, "  {BAD}unconstrained{BAD:#}: the server refused the constraint: {reason}")?;
+            }
             Event::End { outcome, summary, volatile } => {
                 let style = if outcome.is_done() { GOOD } else { BAD };
                 let mut line = format!("{style}end: {}{style:#}", outcome.as_str().replace('_', " "));
@@ -230,6 +245,14 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
         out,
         "{TITLE}total{TITLE:#}: {calls} model calls · {prompt} + {completion} tokens · {repairs} repairs · {rounds} check rounds{time}"
     )
+}
+
+/// What the server read of a prompt: ` (120 read, the rest cached)`, ` (all read)`.
+pub(crate) fn prompt_cache_text(cache: codegen_core::backend::PromptCache) -> String {
+    match cache.reused {
+        Some(0) => " (all read)".to_string(),
+        Some(_) | None => format!(" ({} read, the rest cached)", cache.read),
+    }
 }
 
 /// Arguments cut off in the middle are not JSON yet: show their strings' line breaks as
