@@ -563,7 +563,7 @@ impl<'a> Run<'a> {
     fn constraint(&self) -> Option<Constraint> {
         Some(match self.constrained_by? {
             ConstraintKind::JsonSchema => Constraint::JsonSchema(self.admissible().json_schema()),
-            ConstraintKind::Grammar => Constraint::Grammar(self.admissible().grammar()),
+            ConstraintKind::Grammar => Constraint::Grammar(self.admissible().grammar(self.protocol)),
             ConstraintKind::ToolCall => Constraint::ToolCall,
         })
     }

@@ -100,9 +100,10 @@ fn digests(output: &StepOutput) -> Vec<Option<String>> {
 }
 
 #[test]
-fn llama_server_gets_a_json_schema_that_admits_finish_only_once_the_output_exists() {
+fn a_server_without_a_grammar_gets_a_json_schema_that_admits_finish_only_once_the_output_exists() {
+    // Ollama's `/v1` takes a schema in `response_format`, and no grammar.
     let server = FakeLlm::start(json_turns());
-    let (output, _dir) = run(BackendKind::OpenAi, &server, Identity::LlamaServer, ToolProtocol::Json);
+    let (output, _dir) = run(BackendKind::OpenAi, &server, Identity::Ollama("0.6.2".into()), ToolProtocol::Json);
     assert_eq!(output.written, ["a.rs"]);
     let requests = server.requests();
     let first = requests[0].json();
@@ -119,7 +120,7 @@ fn llama_server_gets_a_json_schema_that_admits_finish_only_once_the_output_exist
     // The transcript says how, and which constraint each call carried.
     assert_eq!(
         constrained_events(&output),
-        [(ToolProtocol::Json, ConstraintKind::JsonSchema, "llama-server".to_owned())]
+        [(ToolProtocol::Json, ConstraintKind::JsonSchema, "Ollama (/v1)".to_owned())]
     );
     let digests = digests(&output);
     assert_eq!(digests.len(), 2);
@@ -129,12 +130,25 @@ fn llama_server_gets_a_json_schema_that_admits_finish_only_once_the_output_exist
 }
 
 #[test]
-fn llama_cpp_python_takes_its_schema_as_a_json_object_format_and_both_take_a_grammar_for_blocks() {
-    let server = FakeLlm::start(json_turns());
-    run(BackendKind::OpenAi, &server, Identity::LlamaCppPython, ToolProtocol::Json);
-    let first = server.requests()[0].json();
-    assert_eq!(first["response_format"]["type"], "json_object");
-    assert_eq!(schema_tools(&first["response_format"]["schema"]), ["write_file", "list_files"]);
+fn llama_cpp_servers_get_a_grammar_for_json_that_leaves_the_model_no_whitespace_and_one_for_blocks() {
+    for identity in [Identity::LlamaServer, Identity::LlamaCppPython] {
+        let server = FakeLlm::start(json_turns());
+        let (output, dir) = run(BackendKind::OpenAi, &server, identity.clone(), ToolProtocol::Json);
+        assert_eq!(std::fs::read_to_string(dir.path().join("out/a.rs")).unwrap(), "fn a() {}\n");
+        let requests = server.requests();
+        let first = requests[0].json();
+        let grammar = first["grammar"].as_str().unwrap_or_else(|| panic!("{identity:?}: {first}"));
+        assert!(grammar.starts_with("root ::= call-write-file | call-list-files\n"), "{identity:?}: {grammar}");
+        assert!(
+            grammar
+                .contains(r#"call-write-file ::= "{\"tool\": \"write_file\", \"arguments\": {" "\"path\": " writable"#),
+            "{grammar}"
+        );
+        assert!(grammar.contains("writable ::= \"\\\"a.rs\\\"\"\n"), "{grammar}");
+        assert!(requests[1].json()["grammar"].as_str().unwrap().contains("| call-finish\n"));
+        assert!(first.get("response_format").is_none());
+        assert_eq!(constrained_events(&output)[0].1, ConstraintKind::Grammar);
+    }
 
     for identity in [Identity::LlamaServer, Identity::LlamaCppPython] {
         let server = FakeLlm::start(blocks_turns());
@@ -158,10 +172,11 @@ fn where_native_calls_cannot_be_required_the_step_is_carried_in_json_and_says_so
     assert_eq!(output.protocol, ToolProtocol::Json);
     assert_eq!(output.written, ["a.rs"]);
     let first = server.requests()[0].json();
-    assert!(first.get("tools").is_none() && first["response_format"]["type"] == "json_schema", "{first}");
+    assert!(first.get("tools").is_none() && first["grammar"].as_str().is_some(), "{first}");
     assert!(first["messages"][0]["content"].as_str().unwrap().contains("JSON object"), "the json protocol's prompt");
     assert_eq!(output.notes.len(), 1, "{:?}", output.notes);
     assert!(output.notes[0].contains("llama-server cannot be made to call a tool natively"), "{}", output.notes[0]);
+    assert!(output.notes[0].contains("under a GBNF grammar"), "{}", output.notes[0]);
     assert!(output.notes[0].contains("constrain = \"off\""), "{}", output.notes[0]);
 }
 
@@ -249,8 +264,8 @@ fn a_server_that_refuses_the_constraint_is_asked_again_without_it_once() {
     assert_eq!(output.written, ["a.rs"]);
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
-    assert!(requests[0].json().get("response_format").is_some());
-    assert!(requests[1..].iter().all(|r| r.json().get("response_format").is_none()), "no constraint after the refusal");
+    assert!(requests[0].json().get("grammar").is_some());
+    assert!(requests[1..].iter().all(|r| r.json().get("grammar").is_none()), "no constraint after the refusal");
     assert!(
         output.notes.iter().any(|n| n.contains("HTTP 400") && n.contains("failed to parse grammar")),
         "{:?}",
