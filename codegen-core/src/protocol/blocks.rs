@@ -381,60 +381,19 @@ pub fn render_refusal(command_label: &str, problem: &str, remedy: &str) -> Strin
 
 /// System-prompt text describing the protocol exactly, with an example exchange.
 pub fn blocks_protocol_instructions() -> String {
-    let mut out = String::from(
-        "You work on files by writing commands. A command is a line of its own that starts with @@@:\n\
+    String::from(
+        "You work on files by writing commands, each on a line of its own:\n\
+         @@@list()              list the files you may read; @@@list(src) only those under src\n\
+         @@@read(path)          show the content of the file at path\n\
+         @@@write_begin(path)   the lines that follow are the complete new content of the file at path,\n\
+         @@@write_end           up to this line\n\
+         @@@done(summary)       the task is done, with a one-sentence summary\n\
          \n\
-         @@@list()              list the files you may read, one path per line; @@@list(src) lists only the folder src\n\
-         @@@read(path)          show the whole content of the file at path\n\
-         @@@write_begin(path)   start writing the file at path: the lines that follow are its complete content,\n\
-         @@@write_end           up to this line, which ends the file\n\
-         @@@done(summary)       declare the task complete, with a one-sentence summary\n\
-         \n\
-         Rules:\n\
-         - Paths are relative and use forward slashes, with no quotes: @@@read(src/view.rs).\n\
-         - Between @@@write_begin(path) and @@@write_end put the complete file, exactly as it must be saved: \
-         never a fragment, a diff or a placeholder such as \"rest unchanged\". Write the code as it is: no \
-         escaping, no ``` fences, no line numbers.\n\
-         - End every file with a line containing only @@@write_end, before any other command.\n\
-         - A reply may hold several commands; they run in order. The results of @@@read and @@@list come \
-         back in the next message, each as\n\
-         @@@result read(src/view.rs)\n\
-         <the file's content>\n\
-         @@@end\n\
-         so never guess what a file holds: read it and wait for the result.\n\
-         - Text outside commands is allowed but not needed.\n\
-         - When every file the task asks for is written, end with @@@done(summary).\n\
-         \n\
-         Example exchange (the task: write view.rs, which greets the user by the name in src/model.rs).\n",
-    );
-    for (speaker, turn) in example_exchange() {
-        out.push_str(&format!("\n{speaker}:\n{turn}\n"));
-    }
-    out
-}
-
-/// The example exchange of [`blocks_protocol_instructions`]: (speaker, text) pairs, the
-/// model's turns being valid replies.
-fn example_exchange() -> Vec<(&'static str, String)> {
-    let model = "pub struct User {\n    pub name: String,\n}\n";
-    vec![
-        ("You", "@@@list()".to_owned()),
-        ("Result", render_result("list()", "src/model.rs\nsrc/main.rs\n")),
-        ("You", "@@@read(src/model.rs)".to_owned()),
-        ("Result", render_result("read(src/model.rs)", model)),
-        (
-            "You",
-            "@@@write_begin(view.rs)\n\
-             use crate::model::User;\n\
-             \n\
-             pub fn greet(user: &User) -> String {\n\
-             \x20   format!(\"Hello, {}!\", user.name)\n\
-             }\n\
-             @@@write_end\n\
-             @@@done(Wrote view.rs, which greets the user by name.)"
-                .to_owned(),
-        ),
-    ]
+         Paths are relative, with forward slashes and no quotes. Between @@@write_begin(path) and @@@write_end \
+         put the whole file exactly as it must be saved: no fragment, no placeholder, no escaping, no ``` fence. \
+         The results of @@@read and @@@list come back in the next message, each between \
+         @@@result <command> and @@@end. When every file the task asks for is written, end with @@@done(summary).\n",
+    )
 }
 
 #[cfg(test)]
@@ -666,29 +625,17 @@ mod tests {
     }
 
     #[test]
-    fn the_instructions_example_parses() {
+    fn the_instructions_name_every_command_and_show_no_code_to_copy() {
         let text = blocks_protocol_instructions();
         for command in ["@@@read(path)", "@@@list()", "@@@write_begin(path)", "@@@write_end", "@@@done(summary)"] {
             assert!(text.contains(command), "{command}");
         }
-        let turns: Vec<String> =
-            example_exchange().into_iter().filter(|(who, _)| *who == "You").map(|(_, turn)| turn).collect();
-        assert_eq!(clean(&turns[0]), vec![BlockCommand::List { dir: None }]);
-        assert_eq!(clean(&turns[1]), vec![read("src/model.rs")]);
-        assert_eq!(
-            clean(&turns[2]),
-            vec![
-                write(
-                    "view.rs",
-                    "use crate::model::User;\n\npub fn greet(user: &User) -> String {\n    format!(\"Hello, {}!\", user.name)\n}\n"
-                ),
-                done("Wrote view.rs, which greets the user by name."),
-            ]
-        );
-        assert!(
-            text.contains("@@@result read(src/model.rs)\npub struct User {\n    pub name: String,\n}\n@@@end"),
-            "{text}"
-        );
+        assert!(text.contains("@@@result <command> and @@@end"), "{text}");
+        assert!(!text.contains("fn ") && !text.contains("view.rs"), "{text}");
+        // Each command line, as a reply, reads as its command.
+        assert_eq!(clean("@@@list()"), vec![BlockCommand::List { dir: None }]);
+        assert_eq!(clean("@@@read(path)"), vec![read("path")]);
+        assert_eq!(clean("@@@done(summary)"), vec![done("summary")]);
     }
 
     #[test]

@@ -821,62 +821,49 @@ fn classify_call(mut map: Map<String, Value>, required: bool, what: &str) -> Sha
 
 /// System-prompt text for the `json` protocol.
 ///
-/// It describes every tool of `tools` (name, description, parameters and which are required)
-/// and the exact answer format, `{"tool": NAME, "arguments": {...}}`, with one example per
-/// tool; and it says: one JSON object per reply with no prose or fence around it, the complete
-/// file content as one properly escaped JSON string, and call `finish` when done. Every example
-/// is read back as that tool's call by [`calls_in_text`].
+/// Short on purpose (small models have small context windows, and copy what they are shown):
+/// the answer format, `{"tool": NAME, "arguments": {...}}`, one line per tool of `tools` with
+/// its arguments, and the rules that matter: one object per reply and nothing around it, the
+/// whole file as one properly escaped JSON string, `finish` when done. It shows no file content
+/// a model could copy into its own; the example call is read back by [`calls_in_text`].
 pub fn json_protocol_instructions(tools: &[ToolSpec]) -> String {
     let mut out = String::from(
-        "You work by calling tools. Every reply you send is exactly one JSON object that calls one \
-         tool, in this form:\n\n{\"tool\": \"<tool name>\", \"arguments\": {<the tool's arguments>}}\n\n\
-         Write nothing before or after the object: no explanation, no Markdown, no ``` fence. After \
-         each call you receive its result in the next message; then send your next call.\n\n\
-         The tools:\n",
+        "Every reply is exactly one JSON object that calls one tool, with nothing before or after it \
+         (no prose, no ``` fence):\n{\"tool\": \"<tool name>\", \"arguments\": {<the tool's arguments>}}\n\
+         The tool's result comes back in the next message.\n\nThe tools:\n",
     );
     for tool in tools {
-        out.push_str(&format!("\n## {}\n{}\n", tool.name, tool.description));
-        let params = parameters(&tool.parameters);
-        if params.is_empty() {
-            out.push_str("Arguments: none; send \"arguments\": {}.\n");
-        } else {
-            out.push_str("Arguments:\n");
-            for p in &params {
-                let need = if p.required { "required" } else { "optional" };
-                let description = if p.description.is_empty() { String::new() } else { format!(": {}", p.description) };
-                out.push_str(&format!("- \"{}\" ({}, {need}){description}\n", p.name, p.kind));
-            }
-        }
-        let arguments: Vec<String> =
-            params.iter().map(|p| format!("{}: {}", Value::String(p.name.clone()), example_value(p))).collect();
-        out.push_str(&format!(
-            "Example: {{\"tool\": {}, \"arguments\": {{{}}}}}\n",
-            Value::String(tool.name.to_owned()),
-            arguments.join(", ")
-        ));
+        let arguments: Vec<String> = parameters(&tool.parameters)
+            .iter()
+            .map(|p| format!("\"{}\"{}", p.name, if p.required { "" } else { " (optional)" }))
+            .collect();
+        out.push_str(&format!("- {} {{{}}}: {}\n", tool.name, arguments.join(", "), short_description(tool)));
     }
     out.push_str(
-        "\nRules:\n\
-         - One JSON object per reply, calling one tool. Use double quotes around every key and string.\n\
-         - Put the complete content of a file in \"content\" as one JSON string: the whole file, never a \
-         fragment or a placeholder such as \"rest unchanged\". Escape it properly: write a double quote as \
-         \\\", a backslash as \\\\, a line break as \\n and a tab as \\t. For example the two lines\n\
-         \x20   println!(\"hi\");\n\
-         }\n\
-         are written \"    println!(\\\"hi\\\");\\n}\\n\".\n\
-         - When every file the task asks for is written, call finish.\n",
+        "\nA file's content is one JSON string holding the whole file: write a double quote as \\\", a \
+         backslash as \\\\, a line break as \\n. Example: {\"tool\": \"write_file\", \"arguments\": \
+         {\"path\": \"<the file>\", \"content\": \"<line 1>\\n<line 2>\\n\"}}\n\
+         When every file the task asks for is written, call finish.\n",
     );
     out
 }
 
-/// One parameter of a tool, as the instructions describe it.
+/// One line on what a tool does, for [`json_protocol_instructions`].
+fn short_description(tool: &ToolSpec) -> &'static str {
+    match tool.name {
+        crate::tools::WRITE_FILE => "create or replace the file at path with content, the complete file",
+        crate::tools::READ_FILE => "the content of the file at path",
+        crate::tools::LIST_FILES => "the files you may read (those under dir, if given)",
+        crate::tools::FINISH => "declare the task done, once every file it asks for is written; one sentence",
+        crate::tools::CHECK => "run the step's check on the files written so far and get its errors",
+        _ => "",
+    }
+}
+
+/// One parameter of a tool, as the instructions name it.
 struct Parameter {
     name: String,
-    kind: String,
-    description: String,
     required: bool,
-    /// The example given in the description (`e.g. "src/view.rs"`), if any.
-    example: Option<String>,
 }
 
 /// The parameters of a JSON schema: the required ones in their order, then the others.
@@ -887,41 +874,18 @@ fn parameters(schema: &Value) -> Vec<Parameter> {
         .map(|names| names.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return Vec::new() };
-    let describe = |name: &str, property: &Value| {
-        let description = property.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
-        let example =
-            description.split_once("e.g. \"").and_then(|(_, rest)| rest.split_once('"')).map(|(e, _)| e.to_owned());
-        Parameter {
-            name: name.to_owned(),
-            kind: property.get("type").and_then(Value::as_str).unwrap_or("any JSON value").to_owned(),
-            description,
-            required: required.contains(&name),
-            example,
-        }
-    };
-    let mut out: Vec<Parameter> =
-        required.iter().filter_map(|name| properties.get(*name).map(|p| describe(name, p))).collect();
-    out.extend(properties.iter().filter(|(name, _)| !required.contains(&name.as_str())).map(|(n, p)| describe(n, p)));
+    let mut out: Vec<Parameter> = required
+        .iter()
+        .filter(|name| properties.contains_key(**name))
+        .map(|name| Parameter { name: name.to_string(), required: true })
+        .collect();
+    out.extend(
+        properties
+            .keys()
+            .filter(|name| !required.contains(&name.as_str()))
+            .map(|name| Parameter { name: name.clone(), required: false }),
+    );
     out
-}
-
-/// An example value for a parameter, as JSON text.
-fn example_value(p: &Parameter) -> Value {
-    match (p.kind.as_str(), &p.example) {
-        ("string", Some(example)) => Value::String(example.clone()),
-        ("string", None) => Value::String(
-            match p.name.as_str() {
-                "content" => "pub fn greet(name: &str) -> String {\n    format!(\"Hello, {name}!\")\n}\n",
-                "summary" => "Wrote view.rs, which renders the greeting.",
-                _ => "...",
-            }
-            .to_owned(),
-        ),
-        ("integer" | "number", _) => Value::from(1),
-        ("boolean", _) => Value::Bool(true),
-        ("array", _) => Value::Array(Vec::new()),
-        _ => Value::Object(Map::new()),
-    }
 }
 
 #[cfg(test)]
@@ -1300,38 +1264,23 @@ mod tests {
     }
 
     #[test]
-    fn instructions_describe_every_tool_with_a_readable_example() {
-        let specs = crate::tools::tool_specs();
+    fn instructions_describe_every_tool_in_a_line_and_their_example_reads_as_a_call() {
+        let specs = crate::tools::specs_for(true);
         let text = json_protocol_instructions(&specs);
         assert!(text.contains("{\"tool\": \"<tool name>\", \"arguments\": {<the tool's arguments>}}"), "{text}");
-        assert!(text.contains("- \"path\" (string, required): Relative path of the file to write"), "{text}");
-        assert!(text.contains("- \"dir\" (string, optional)"), "{text}");
-        assert!(text.contains("call finish"), "{text}");
-        assert!(text.contains("a line break as \\n"), "{text}");
+        assert!(text.contains("- write_file {\"path\", \"content\"}: create or replace"), "{text}");
+        assert!(text.contains("- list_files {\"dir\" (optional)}"), "{text}");
+        assert!(text.contains("- check {}: run the step's check"), "{text}");
+        assert!(text.contains("call finish") && text.contains("a line break as \\n"), "{text}");
         for spec in &specs {
-            assert!(text.contains(&format!("## {}\n{}\n", spec.name, spec.description)), "{}", spec.name);
-            let example = text
-                .lines()
-                .skip_while(|l| *l != format!("## {}", spec.name))
-                .find_map(|l| l.strip_prefix("Example: "))
-                .expect("an example");
-            match calls_in_text(example) {
-                TextCalls::Found(calls) => {
-                    assert_eq!(calls.len(), 1);
-                    assert_eq!(calls[0].name, spec.name);
-                    let Arguments::Object(args) = &calls[0].arguments else { panic!("{example}") };
-                    for required in spec.parameters["required"].as_array().into_iter().flatten() {
-                        assert!(args.contains_key(required.as_str().unwrap_or_default()), "{example}");
-                    }
-                }
-                other => panic!("{example}: {other:?}"),
-            }
+            assert!(text.contains(&format!("- {} {{", spec.name)), "{}", spec.name);
         }
-        assert!(
-            text.contains(
-                r#"Example: {"tool": "write_file", "arguments": {"path": "view.rs", "content": "pub fn greet"#
-            ),
-            "{text}"
-        );
+        // No code a model could copy as its own content.
+        assert!(!text.contains("fn ") && !text.contains("view.rs"), "{text}");
+        let example = text.lines().find_map(|l| l.split_once("Example: ").map(|(_, e)| e)).expect("an example");
+        match calls_in_text(example) {
+            TextCalls::Found(calls) => assert_eq!(calls[0].name, "write_file"),
+            other => panic!("{example}: {other:?}"),
+        }
     }
 }
