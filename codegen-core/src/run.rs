@@ -299,6 +299,22 @@ pub enum Error {
     /// The sandbox could not be set up.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// The first prompt leaves too little of the server's context for a reply; nothing was
+    /// sent to the model.
+    #[error(
+        "the prompt is {prompt_tokens} tokens and the server's context holds {context}, which leaves less than \
+         `max_output_tokens` ({max_output_tokens}) for the reply; nothing was sent to the model.\nShorten the \
+         prompt or the step's inputs, lower `max_output_tokens`, or start the server with a larger context \
+         (llama-server's --ctx-size)"
+    )]
+    PromptTooLarge {
+        /// Tokens of the prompt, as the server counts them.
+        prompt_tokens: u64,
+        /// Tokens the server's context holds.
+        context: u64,
+        /// The reply cap.
+        max_output_tokens: u32,
+    },
     /// The output never passed its check.
     #[error("the files still fail `{check}` after {rounds} repair round{}; its last messages:\n{diagnostics}", if *rounds == 1 { "" } else { "s" })]
     CheckFailed {
@@ -491,6 +507,20 @@ impl<'a> Run<'a> {
                 temperature: self.step.temperature,
                 constraint: constraint.as_ref(),
             };
+            // The first prompt is refused before it is sent when the server says it leaves less
+            // than the reply cap in its context: the server would refuse it, or cut the reply
+            // short without saying why.
+            if self.model_calls == 0
+                && let Some(size) = self.backend.prompt_size(&request)
+            {
+                if size.tokens + u64::from(size.max_output_tokens) > size.context {
+                    return Err(Error::PromptTooLarge {
+                        prompt_tokens: size.tokens,
+                        context: size.context,
+                        max_output_tokens: size.max_output_tokens,
+                    });
+                }
+            }
             let sent_at = Instant::now();
             let observer = &mut *self.observer;
             let response = match self.backend.chat_observed(&request, &mut |progress| observer.progress(progress)) {

@@ -484,6 +484,10 @@ pub enum Moment {
     Answered(usize),
 }
 
+/// The context a [`FakeLlm`] identified as llama-server says it has (`GET /props`); its
+/// `/tokenize` counts one token per word.
+pub const LLAMA_SERVER_CONTEXT: u64 = 8192;
+
 /// Which server a [`FakeLlm`] says it is, to the questions a client asks before chatting
 /// ([`FakeLlm::identify_as`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -491,7 +495,8 @@ pub enum Identity {
     /// Says nothing: `GET …/models` is 404, `GET …/api/version` is `0.0.0-fake`.
     #[default]
     Anonymous,
-    /// llama.cpp's llama-server: its models are `owned_by: "llamacpp"`.
+    /// llama.cpp's llama-server: its models are `owned_by: "llamacpp"`, and it answers
+    /// `/props`, `/apply-template` and `/tokenize` (see [`LLAMA_SERVER_CONTEXT`]).
     LlamaServer,
     /// llama-cpp-python: `owned_by: "me"`.
     LlamaCppPython,
@@ -893,8 +898,9 @@ fn answer(shared: &Shared, request: RecordedRequest) -> Answer {
 /// which is answered from its [`Identity`] without the script.
 fn is_discovery(request: &RecordedRequest) -> bool {
     let path = request.path.split('?').next().unwrap_or_default();
-    request.method.eq_ignore_ascii_case("GET")
-        && ["/api/version", "/health", "/models"].iter().any(|end| path.ends_with(end))
+    let get = request.method.eq_ignore_ascii_case("GET");
+    (get && ["/api/version", "/health", "/models", "/props"].iter().any(|end| path.ends_with(end)))
+        || (!get && ["/apply-template", "/tokenize"].iter().any(|end| path.ends_with(end)))
 }
 
 /// The answer to `request` (recorded here): the next reply of route `route`, else of the
@@ -929,6 +935,23 @@ fn respond(
             ok(json!({ "version": version }))
         } else if path.ends_with("/health") {
             ok(json!({ "status": "ok" }))
+        } else if !matches!(state.identity, Identity::LlamaServer) && !path.ends_with("/models") {
+            error_action(&path, 404, "fake LLM server: not llama-server", "not_found_error", None, Vec::new())
+        } else if path.ends_with("/props") {
+            ok(json!({ "default_generation_settings": { "n_ctx": LLAMA_SERVER_CONTEXT } }))
+        } else if path.ends_with("/apply-template") {
+            // The prompt as the messages' contents, one after the other.
+            let body: Value = serde_json::from_str(&state.discovery.last().map(|r| r.body.clone()).unwrap_or_default())
+                .unwrap_or(Value::Null);
+            let prompt: Vec<&str> =
+                body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
+            ok(json!({ "prompt": prompt.join("\n") }))
+        } else if path.ends_with("/tokenize") {
+            // One token per word: enough to tell a prompt that fits from one that does not.
+            let body: Value = serde_json::from_str(&state.discovery.last().map(|r| r.body.clone()).unwrap_or_default())
+                .unwrap_or(Value::Null);
+            let words = body["content"].as_str().unwrap_or_default().split_whitespace().count();
+            ok(json!({ "tokens": (0..words).collect::<Vec<_>>() }))
         } else if let Some(owner) = owner {
             ok(json!({ "object": "list", "data": [{ "id": model, "object": "model", "owned_by": owner }] }))
         } else {

@@ -47,6 +47,17 @@ pub struct ChatResponse {
     pub prompt_cache: Option<PromptCache>,
 }
 
+/// A prompt's size and the server's context, in tokens ([`Backend::prompt_size`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptSize {
+    /// Tokens of the prompt as the server's template renders it.
+    pub tokens: u64,
+    /// Tokens the server's context holds, prompt and reply together.
+    pub context: u64,
+    /// The reply cap the backend sends (`max_output_tokens`).
+    pub max_output_tokens: u32,
+}
+
 /// How much of a prompt the server evaluated, and how much it reused from the previous
 /// request's cache: llama-server's `timings.prompt_n` and `timings.cache_n`, the
 /// `usage.prompt_tokens_details.cached_tokens` of OpenAI and others, Ollama's
@@ -120,6 +131,13 @@ pub trait Backend {
     /// out once, on first asking, and remember it; the default enforces nothing.
     fn enforcement(&mut self) -> Enforcement {
         Enforcement::nothing(None)
+    }
+    /// How many tokens `request`'s prompt is and how many the server's context holds, where
+    /// the server can say before generating anything (llama-server's `/apply-template`,
+    /// `/tokenize` and `/props`); `None` elsewhere, or when it cannot be had.
+    fn prompt_size(&mut self, request: &ChatRequest<'_>) -> Option<PromptSize> {
+        let _ = request;
+        None
     }
     /// Sends the request and waits for the whole reply.
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError>;

@@ -405,6 +405,19 @@ impl Exchange {
         }
     }
 
+    /// POSTs `request` as the chat endpoint would take it, but to `url` (a server's endpoint
+    /// beside the chat one), once and without retries: the body of a 2xx answer, else `None`.
+    pub fn post_beside<W: Wire>(&mut self, wire: &W, request: &ChatRequest<'_>, url: &str) -> Option<String> {
+        let body = self.body(wire, request, Ask::Whole).ok()?;
+        self.post_text(url, body)
+    }
+
+    /// POSTs JSON `body` to `url` once: the body of a 2xx answer, else `None`.
+    pub fn post_text(&self, url: &str, body: Vec<u8>) -> Option<String> {
+        let reply = self.http.post_once(url, self.bearer.as_deref(), body, 8 << 20).ok()?;
+        (200..300).contains(&reply.status).then_some(reply.body)
+    }
+
     /// GETs `url` from the same server (with the same key), to find out what it is: the body
     /// of a 2xx answer, else why there is none.
     pub fn probe(&self, url: &str) -> Result<String, String> {

@@ -313,6 +313,32 @@ impl HttpClient {
         self.runtime.block_on(async { self.cancel.guard(tokio::time::sleep(wait)).await }).is_none()
     }
 
+    /// POSTs JSON `body` once, without retries, within the request timeout (for questions
+    /// about a prompt, never a model call).
+    pub fn post_once(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        body: Vec<u8>,
+        max_bytes: u64,
+    ) -> Result<HttpReply, String> {
+        let mut request = self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
+        if let Some(key) = bearer {
+            request = request.bearer_auth(key);
+        }
+        match self.run(self.config.request_timeout, async {
+            let response = request.send().await.map_err(BodyError::Transport)?;
+            let status = response.status().as_u16();
+            read_body(response, max_bytes).await.map(|body| (status, body))
+        }) {
+            Ok(Ok((status, body))) => Ok(HttpReply { status, body, retries: Vec::new() }),
+            Ok(Err(BodyError::TooLarge)) => Err(format!("its answer was over {max_bytes} bytes")),
+            Ok(Err(BodyError::Transport(err))) => Err(error_chain(&err)),
+            Err(Stop::Elapsed) => Err("no answer in time".to_string()),
+            Err(Stop::Cancelled) => Err("cancelled".to_string()),
+        }
+    }
+
     /// GETs `url` once, without retries, within `limit`: the status and the body (at most
     /// 1 MiB), or why there was none. For asking a server what it is; never a model call.
     pub fn probe(&self, url: &str, bearer: Option<&str>, limit: Duration) -> Result<(u16, String), String> {

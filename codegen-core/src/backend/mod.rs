@@ -34,7 +34,7 @@ pub mod scripted;
 pub(crate) mod stream;
 mod wire;
 
-pub use chat::{Backend, ChatRequest, ChatResponse, Delivery, Progress, PromptCache, Usage};
+pub use chat::{Backend, ChatRequest, ChatResponse, Delivery, Progress, PromptCache, PromptSize, Usage};
 pub use config::BackendConfig;
 pub use error::BackendError;
 pub use http::{HttpConfig, RetryPolicy, RetryRecord};

@@ -18,7 +18,7 @@ use super::wire::null_as_empty;
 use crate::chat::Arguments;
 #[cfg(feature = "http")]
 use {
-    super::chat::{Backend, ChatRequest, ChatResponse, Progress},
+    super::chat::{Backend, ChatRequest, ChatResponse, Progress, PromptSize},
     super::config::BackendConfig,
     super::error::BackendError,
     super::exchange::{Ask, Exchange, SentArguments, Unread, Wire},
@@ -178,6 +178,29 @@ impl Backend for OpenAi {
             Some(server) => server.enforcement(self.wire.output_cap.1),
             None => Enforcement::nothing(None),
         }
+    }
+
+    /// llama-server renders the prompt with its template (`POST /apply-template`, the chat
+    /// request as it is), counts it (`POST /tokenize`) and says its context (`GET /props`).
+    fn prompt_size(&mut self, request: &ChatRequest<'_>) -> Option<PromptSize> {
+        if self.wire.server.flatten() != Some(Server::LlamaServer) {
+            return None;
+        }
+        // Its own endpoints live beside `/v1`.
+        let root = self.base.strip_suffix("/v1").unwrap_or(&self.base).to_string();
+        let props: Value = serde_json::from_str(&self.exchange.probe(&format!("{root}/props")).ok()?).ok()?;
+        let context = props["default_generation_settings"]["n_ctx"].as_u64().or_else(|| props["n_ctx"].as_u64())?;
+        let rendered: Value =
+            serde_json::from_str(&self.exchange.post_beside(&self.wire, request, &format!("{root}/apply-template"))?)
+                .ok()?;
+        let prompt = rendered["prompt"].as_str()?;
+        let body = serde_json::to_vec(&serde_json::json!({ "content": prompt })).ok()?;
+        let tokens: Value = serde_json::from_str(&self.exchange.post_text(&format!("{root}/tokenize"), body)?).ok()?;
+        Some(PromptSize {
+            tokens: tokens["tokens"].as_array()?.len() as u64,
+            context,
+            max_output_tokens: self.wire.output_cap.1,
+        })
     }
 
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {

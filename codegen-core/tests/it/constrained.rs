@@ -357,3 +357,28 @@ fn replies_are_counted_runnable_only_when_they_are_one_call_that_could_run() {
     let (output, _dir) = run(BackendKind::OpenAi, &server, Identity::LlamaServer, ToolProtocol::Json);
     assert_eq!(output.transcript.replies(), Replies { sent: 2, runnable: 2 });
 }
+
+#[test]
+fn a_first_prompt_that_leaves_no_room_for_the_reply_is_refused_before_it_is_sent() {
+    let server = FakeLlm::start(json_turns());
+    server.identify_as(Identity::LlamaServer);
+    let dir = tempfile::tempdir().unwrap();
+    let mut sandbox = Sandbox::builder(dir.path()).build().unwrap();
+    // A prompt that fits the context alone, but not with 256 tokens for the reply.
+    let prompt = "word ".repeat(promptgen_tests::LLAMA_SERVER_CONTEXT as usize - 400);
+    let mut backend = backend(BackendKind::OpenAi, &server, 256);
+    let failure = Step::new("m", prompt).protocol(ToolProtocol::Json).run(backend.as_mut(), &mut sandbox).unwrap_err();
+    match failure.error {
+        codegen_core::Error::PromptTooLarge { prompt_tokens, context: 8192, max_output_tokens: 256 } => {
+            assert!(prompt_tokens > 7792 && prompt_tokens < 8192, "it fits alone, not with the reply: {prompt_tokens}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(server.requests().is_empty(), "nothing was sent to the model");
+    assert!(failure.to_string().contains("--ctx-size"));
+    // A prompt that fits is sent.
+    let server = FakeLlm::start(json_turns());
+    let (output, _dir) = run(BackendKind::OpenAi, &server, Identity::LlamaServer, ToolProtocol::Json);
+    assert_eq!(output.written, ["a.rs"]);
+    assert!(server.discovery().iter().any(|r| r.path == "/tokenize"));
+}
