@@ -271,10 +271,11 @@ impl Admissible {
     /// The tools that may be called now, in order.
     fn tool_names(&self) -> Vec<&'static str> {
         let mut names = vec![tools::WRITE_FILE];
+        // With nothing to read, reading and listing can only waste a call.
         if self.readable.as_ref().is_none_or(|files| !files.is_empty()) {
             names.push(tools::READ_FILE);
+            names.push(tools::LIST_FILES);
         }
-        names.push(tools::LIST_FILES);
         if self.check {
             names.push(tools::CHECK);
         }
@@ -395,9 +396,9 @@ impl Admissible {
             commands.push("read");
             rules.push("read ::= \"@@@read(\" readable \")\"".to_string());
             rules.push(format!("readable ::= {}", path_rule(self.readable.as_ref())));
+            commands.push("list");
+            rules.push("list ::= \"@@@list()\"".to_string());
         }
-        commands.push("list");
-        rules.push("list ::= \"@@@list()\"".to_string());
         if self.finish {
             commands.push("done");
             rules.push(format!("done ::= \"@@@done(\" [^()\\n]{{1,{}}} \")\"", self.summary_chars()));

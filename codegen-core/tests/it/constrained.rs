@@ -109,7 +109,7 @@ fn a_server_without_a_grammar_gets_a_json_schema_that_admits_finish_only_once_th
     let first = requests[0].json();
     assert_eq!(first["response_format"]["type"], "json_schema");
     let schema = &first["response_format"]["json_schema"]["schema"];
-    assert_eq!(schema_tools(schema), ["write_file", "list_files"], "nothing readable yet, finish not yet: {schema}");
+    assert_eq!(schema_tools(schema), ["write_file"], "nothing to read or list yet, finish not yet: {schema}");
     assert_eq!(schema["anyOf"][0]["properties"]["arguments"]["properties"]["path"]["enum"], json!(["a.rs"]));
     // The content fits in the reply: 256 tokens less the call around it.
     assert_eq!(schema["anyOf"][0]["properties"]["arguments"]["properties"]["content"]["maxLength"], 208);
@@ -138,7 +138,7 @@ fn llama_cpp_servers_get_a_grammar_for_json_that_leaves_the_model_no_whitespace_
         let requests = server.requests();
         let first = requests[0].json();
         let grammar = first["grammar"].as_str().unwrap_or_else(|| panic!("{identity:?}: {first}"));
-        assert!(grammar.starts_with("root ::= call-write-file | call-list-files\n"), "{identity:?}: {grammar}");
+        assert!(grammar.starts_with("root ::= call-write-file\n"), "{identity:?}: {grammar}");
         assert!(
             grammar
                 .contains(r#"call-write-file ::= "{\"tool\": \"write_file\", \"arguments\": {" "\"path\": " writable"#),
@@ -157,7 +157,7 @@ fn llama_cpp_servers_get_a_grammar_for_json_that_leaves_the_model_no_whitespace_
         let requests = server.requests();
         let first = requests[0].json();
         let grammar = first["grammar"].as_str().unwrap();
-        assert!(grammar.starts_with("root ::= write | list\n"), "{identity:?}: {grammar}");
+        assert!(grammar.starts_with("root ::= write\n"), "{identity:?}: {grammar}");
         assert!(grammar.contains("writable ::= \"a.rs\"") && grammar.contains("content ::= piece{0,208}"), "{grammar}");
         assert!(requests[1].json()["grammar"].as_str().unwrap().contains("| done\n"));
         assert!(first.get("response_format").is_none());
@@ -199,7 +199,7 @@ fn vllm_requires_a_native_tool_call_from_tools_narrowed_to_what_can_run() {
     };
     let first = requests[0].json();
     assert_eq!(first["tool_choice"], "required");
-    assert_eq!(names(&first), ["write_file", "list_files"]);
+    assert_eq!(names(&first), ["write_file"]);
     assert_eq!(first["tools"][0]["function"]["parameters"]["properties"]["path"]["enum"], json!(["a.rs"]));
     assert_eq!(names(&requests[1].json()), ["read_file", "write_file", "list_files", "finish"]);
     assert_eq!(constrained_events(&output)[0].1, ConstraintKind::ToolCall);
@@ -218,7 +218,7 @@ fn ollama_takes_the_schema_as_format_from_0_5_on_and_an_older_one_is_told_apart(
     let (output, _dir) = run(BackendKind::Ollama, &server, Identity::Ollama("0.6.2".into()), ToolProtocol::Native);
     assert_eq!(output.protocol, ToolProtocol::Json);
     let first = server.requests()[0].json();
-    assert_eq!(schema_tools(&first["format"]), ["write_file", "list_files"]);
+    assert_eq!(schema_tools(&first["format"]), ["write_file"]);
     assert!(first.get("tools").is_none());
     assert_eq!(
         constrained_events(&output),
