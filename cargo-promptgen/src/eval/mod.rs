@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use codegen_core::Cancel;
 use codegen_core::backend::{Backend, BackendError, BackendKind, ChatRequest, ChatResponse, Progress as Streamed};
 use codegen_core::check::CheckOutcome;
+use codegen_core::constrain::Enforcement;
 use codegen_core::transcript::{Event, Volatility};
 use serde_json::json;
 
@@ -828,6 +829,13 @@ impl Backend for Gated<'_> {
 
     fn location(&self) -> String {
         self.inner.location()
+    }
+
+    // Without it a trial would never be constrained: the default enforces nothing. Asking is
+    // not a model request (a GET of the server's models or version, answered at once even
+    // while it generates), so it does not wait for the gate.
+    fn enforcement(&mut self) -> Enforcement {
+        self.inner.enforcement()
     }
 
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
