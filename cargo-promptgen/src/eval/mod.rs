@@ -1,11 +1,15 @@
-//! `cargo promptgen eval`: how reliable a chain is, per step and per model.
+//! `cargo promptgen eval`: how reliable a chain is, per step and per model, protocol and
+//! constraint.
 //!
-//! A *trial* is one step × model × seed: the whole loop, in a throwaway copy of the tree, with
-//! the step's check (the crate check and, with `check = "cargo test"`, the crate's tests), as
-//! `cargo promptgen` would run it. The steps it runs after contribute their recorded files, so
-//! that each step is measured on its own; with `--chain`, each trial runs the whole chain
-//! fresh instead, each step on what the steps before it wrote in the same trial. Seeds are
-//! `seed, seed + 1, ...` from the step's configured seed (0 when none).
+//! A *trial* is one step × model × protocol × constraint × seed: the whole loop, in a
+//! throwaway copy of the tree, with the step's check (the crate check and, with `check =
+//! "cargo test"`, the crate's tests), as `cargo promptgen` would run it. The steps it runs
+//! after contribute their recorded files, so that each step is measured on its own; with
+//! `--chain`, each trial runs the whole chain fresh instead, each step on what the steps
+//! before it wrote in the same trial. Seeds are `seed, seed + 1, ...` from the step's
+//! configured seed (0 when none). The protocol and the constraint are the step's own unless
+//! the run varies them (`--protocol`, `--constrain`), so that constrained and unconstrained
+//! decoding can be compared on the same steps and seeds.
 //!
 //! Nothing here writes the lock, the store or the pending area: a trial's files live in its
 //! scratch folder, its check uses a check folder of its own worker, and what is kept goes to
@@ -27,10 +31,11 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use codegen_core::Cancel;
 use codegen_core::backend::{Backend, BackendError, BackendKind, ChatRequest, ChatResponse, Progress as Streamed};
 use codegen_core::check::CheckOutcome;
-use codegen_core::transcript::{Event, Volatility};
+use codegen_core::constrain::Enforcement;
+use codegen_core::transcript::{Event, Transcript, Volatility};
+use codegen_core::{Cancel, Constrain, ToolProtocol};
 use serde_json::json;
 
 use crate::check::setup::{CheckSetup, check_for};
@@ -47,7 +52,7 @@ use crate::run::attempts;
 use crate::run::progress::Progress;
 use crate::run::surroundings::{recorded_files, the_rest_of_the_chain};
 use error::EvalError;
-use record::{RunDir, RunPlan, TrialRecord, Verdict};
+use record::{RunDir, RunPlan, TrialRecord, Variant, Verdict};
 use score::Row;
 
 /// What to evaluate.
@@ -57,7 +62,12 @@ pub struct Spec {
     pub steps: Vec<String>,
     /// The models (`--model`); empty for the configured one.
     pub models: Vec<String>,
-    /// Trials per step × model.
+    /// The protocols (`--protocol`); empty for each step's configured one.
+    pub protocols: Vec<ToolProtocol>,
+    /// Whether the server is asked to enforce the protocol (`--constrain`); empty for each
+    /// step's configured `constrain`.
+    pub constrain: Vec<Constrain>,
+    /// Trials per step × variant (model, protocol, constraint).
     pub seeds: u32,
     /// Run the whole chain fresh in each trial (`--chain`).
     pub chain: bool,
@@ -90,6 +100,9 @@ pub enum Report {
         trials: usize,
         /// Trials already done (when resuming).
         done: usize,
+        /// Whether the run varies the protocol or the constraint, so that a trial's line
+        /// should name them.
+        varies_decoding: bool,
     },
     /// A trial (or with `--chain`, a chain trial's step) finished and was recorded.
     Finished(Box<TrialRecord>),
@@ -111,12 +124,13 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// One row per step × model (and with `--chain`, one per model for the whole chain),
+    /// One row per step × variant (and with `--chain`, one per variant for the whole chain),
     /// with pass^`k` and each step's threshold.
     pub fn rows(&self, k: usize, min_pass_rate: &dyn Fn(&str) -> Option<f64>) -> Vec<Row> {
-        let mut rows = score::rows(&self.trials, &self.plan.steps, &self.plan.models, k, min_pass_rate);
+        let variants = self.plan.variants();
+        let mut rows = score::rows(&self.trials, &self.plan.steps, &variants, k, min_pass_rate);
         if self.plan.chain {
-            rows.extend(score::rows(&chain_trials(&self.trials), &["chain".into()], &self.plan.models, k, &|_| None));
+            rows.extend(score::rows(&chain_trials(&self.trials), &["chain".into()], &variants, k, &|_| None));
         }
         rows
     }
@@ -164,10 +178,17 @@ fn chain_trials(trials: &[TrialRecord]) -> Vec<TrialRecord> {
             }
             let hashes: Vec<&str> = steps.iter().filter_map(|s| s.output_hash.as_deref()).collect();
             let all = |f: &dyn Fn(&TrialRecord) -> bool| steps.iter().all(|s| !s.skipped && f(s));
+            // The steps share a protocol where the run set one; else it is theirs only if they agree.
+            let protocol = &steps[0].protocol;
             TrialRecord {
                 trial: unit,
                 step: "chain".into(),
                 model: steps[0].model.clone(),
+                protocol: if steps.iter().all(|s| &s.protocol == protocol) { protocol.clone() } else { String::new() },
+                constrain: steps[0].constrain,
+                constrained: all(&|s| s.constrained),
+                replies: steps.iter().map(|s| s.replies).sum(),
+                runnable_replies: steps.iter().map(|s| s.runnable_replies).sum(),
                 seed: steps[0].seed,
                 temperature: steps[0].temperature,
                 passed: all(&|s| s.passed),
@@ -192,14 +213,10 @@ fn chain_trials(trials: &[TrialRecord]) -> Vec<TrialRecord> {
 /// One piece of work for a worker.
 #[derive(Debug, Clone, Copy)]
 enum Unit {
-    /// One step (by index) with one model (by index) and seed.
-    Step { step: usize, model: usize, seed: u64 },
-    /// The whole chain, the `n`-th time, with one model.
-    Chain { n: u32, model: usize },
-}
-
-fn model_tag(model: usize) -> String {
-    format!("m{model}")
+    /// One step (by index) with one variant (by its place in [`RunPlan::variants`]) and seed.
+    Step { step: usize, variant: usize, seed: u64 },
+    /// The whole chain, the `n`-th time, with one variant.
+    Chain { n: u32, variant: usize },
 }
 
 /// Trial `n`'s seed: the step's seed, then the ones after it (0, 1, ... when it sets none).
@@ -208,19 +225,23 @@ fn step_seed(step: &StepConfig, n: u32) -> u64 {
 }
 
 /// The trial names a unit records.
-fn unit_trials(chain: &Chain, plan: &RunPlan, unit: Unit) -> Vec<String> {
+fn unit_trials(chain: &Chain, plan: &RunPlan, variants: &[Variant], unit: Unit) -> Vec<String> {
     match unit {
-        Unit::Step { step, model, seed } => vec![format!("{}.{}.s{seed}", chain.steps[step].id, model_tag(model))],
-        Unit::Chain { n, model } => plan.steps.iter().map(|id| format!("chain{n}.{}.{id}", model_tag(model))).collect(),
+        Unit::Step { step, variant, seed } => {
+            vec![format!("{}.{}.s{seed}", chain.steps[step].id, variants[variant].tag())]
+        }
+        Unit::Chain { n, variant } => {
+            plan.steps.iter().map(|id| format!("chain{n}.{}.{id}", variants[variant].tag())).collect()
+        }
     }
 }
 
-fn units(chain: &Chain, plan: &RunPlan) -> Vec<Unit> {
+fn units(chain: &Chain, plan: &RunPlan, variants: &[Variant]) -> Vec<Unit> {
     let mut units = Vec::new();
     if plan.chain {
         for n in 0..plan.seeds {
-            for model in 0..plan.models.len() {
-                units.push(Unit::Chain { n, model });
+            for variant in 0..variants.len() {
+                units.push(Unit::Chain { n, variant });
             }
         }
         return units;
@@ -229,12 +250,23 @@ fn units(chain: &Chain, plan: &RunPlan) -> Vec<Unit> {
     for n in 0..plan.seeds {
         for id in &plan.steps {
             let step = chain.index(id).expect("the plan's steps are the chain's");
-            for model in 0..plan.models.len() {
-                units.push(Unit::Step { step, model, seed: step_seed(&chain.steps[step], n) });
+            for variant in 0..variants.len() {
+                units.push(Unit::Step { step, variant, seed: step_seed(&chain.steps[step], n) });
             }
         }
     }
     units
+}
+
+/// `values` without repeats, in the order first given.
+fn distinct<T: PartialEq + Clone>(values: &[T]) -> Vec<T> {
+    let mut kept: Vec<T> = Vec::new();
+    for value in values {
+        if !kept.contains(value) {
+            kept.push(value.clone());
+        }
+    }
+    kept
 }
 
 /// Starts a new evaluation run of `spec`.
@@ -261,12 +293,7 @@ pub fn start(
         .filter(|s| spec.steps.is_empty() || spec.steps.contains(&s.id))
         .map(|s| s.id.clone())
         .collect();
-    let mut models: Vec<String> = Vec::new();
-    for model in &spec.models {
-        if !models.contains(model) {
-            models.push(model.clone());
-        }
-    }
+    let mut models = distinct(&spec.models);
     if models.is_empty() {
         let configured: Vec<&str> = chain.steps.iter().map(|s| s.model.as_str()).collect();
         // A chain whose steps use different models is evaluated with each step's own.
@@ -289,6 +316,8 @@ pub fn start(
         chain: spec.chain,
         steps,
         models,
+        protocols: distinct(&spec.protocols),
+        constrain: distinct(&spec.constrain),
         seeds: spec.seeds,
         temperature: spec.temperature,
         keys,
@@ -376,7 +405,13 @@ fn rejudge(
     let source = RunDir::open(layout, &chain.package_name, Some(original))?;
     let judged = source.read_trials()?;
     let mut trials = run.read_trials()?;
-    report(Report::Began { run: run.name.clone(), dir: run.dir.clone(), trials: judged.len(), done: trials.len() });
+    report(Report::Began {
+        run: run.name.clone(),
+        dir: run.dir.clone(),
+        trials: judged.len(),
+        done: trials.len(),
+        varies_decoding: plan.varies_decoding(),
+    });
     let records = Records::read(layout)?;
     let recorded = recorded_files(chain, &records);
     for old in judged {
@@ -492,6 +527,8 @@ struct Work<'a> {
     layout: &'a Layout,
     run: &'a RunDir,
     plan: &'a RunPlan,
+    /// The plan's variants, which units name by their place.
+    variants: Vec<Variant>,
     /// Each step's recorded files before the run (pending results first, as a build).
     recorded: BTreeMap<String, Files>,
     gate: Gate,
@@ -513,13 +550,22 @@ fn execute(
     report: &mut dyn FnMut(Report),
 ) -> Result<Outcome, EvalError> {
     let mut trials = run.read_trials()?;
-    let all = units(chain, &plan);
-    let total: usize = all.iter().map(|&u| unit_trials(chain, &plan, u).len()).sum();
+    let variants = plan.variants();
+    let all = units(chain, &plan, &variants);
+    let total: usize = all.iter().map(|&u| unit_trials(chain, &plan, &variants, u).len()).sum();
     let todo: VecDeque<Unit> = all
         .into_iter()
-        .filter(|&u| unit_trials(chain, &plan, u).iter().any(|name| !trials.iter().any(|t| &t.trial == name)))
+        .filter(|&u| {
+            unit_trials(chain, &plan, &variants, u).iter().any(|name| !trials.iter().any(|t| &t.trial == name))
+        })
         .collect();
-    report(Report::Began { run: run.name.clone(), dir: run.dir.clone(), trials: total, done: trials.len() });
+    report(Report::Began {
+        run: run.name.clone(),
+        dir: run.dir.clone(),
+        trials: total,
+        done: trials.len(),
+        varies_decoding: plan.varies_decoding(),
+    });
     let recorded = recorded_files(chain, records);
     if !plan.chain {
         for id in &plan.steps {
@@ -544,6 +590,7 @@ fn execute(
         layout,
         run: &run,
         plan: &plan,
+        variants,
         recorded,
         gate: Gate::new(requests.max(1)),
         cancel: pace.cancel.clone(),
@@ -625,16 +672,18 @@ fn serves_one_at_a_time(chain: &Chain) -> bool {
 fn run_unit(work: &Work<'_>, unit: Unit, slot: usize) -> Result<Option<Vec<TrialRecord>>, EvalError> {
     let chain = work.chain;
     match unit {
-        Unit::Step { step, model, seed } => {
+        Unit::Step { step, variant, seed } => {
             let tree = dependencies_tree(chain, step, &|id| work.recorded.get(id));
-            let name = unit_trials(chain, work.plan, unit).remove(0);
-            Ok(run_trial(work, step, model, seed, &tree, &name, slot)?.map(|(record, _)| vec![record]))
+            let name = unit_trials(chain, work.plan, &work.variants, unit).remove(0);
+            let variant = &work.variants[variant];
+            Ok(run_trial(work, step, variant, seed, &tree, &name, slot)?.map(|(record, _)| vec![record]))
         }
-        Unit::Chain { n, model } => {
+        Unit::Chain { n, variant } => {
             let mut produced: BTreeMap<String, Files> = BTreeMap::new();
             let mut failed: Vec<usize> = Vec::new();
             let mut records = Vec::new();
-            let names = unit_trials(chain, work.plan, unit);
+            let names = unit_trials(chain, work.plan, &work.variants, unit);
+            let variant = &work.variants[variant];
             for &index in chain.graph.order() {
                 let step = &chain.steps[index];
                 let name =
@@ -642,11 +691,11 @@ fn run_unit(work: &Work<'_>, unit: Unit, slot: usize) -> Result<Option<Vec<Trial
                 let seed = step_seed(step, n);
                 if failed.iter().any(|&f| chain.graph.depends_on(index, f)) {
                     failed.push(index);
-                    records.push(skipped(work, step, model, seed, &name));
+                    records.push(skipped(work, step, variant, seed, &name));
                     continue;
                 }
                 let tree = dependencies_tree(chain, index, &|id| produced.get(id));
-                let Some((record, files)) = run_trial(work, index, model, seed, &tree, &name, slot)? else {
+                let Some((record, files)) = run_trial(work, index, variant, seed, &tree, &name, slot)? else {
                     return Ok(None);
                 };
                 if !record.passed {
@@ -660,11 +709,16 @@ fn run_unit(work: &Work<'_>, unit: Unit, slot: usize) -> Result<Option<Vec<Trial
     }
 }
 
-fn skipped(work: &Work<'_>, step: &StepConfig, model: usize, seed: u64, name: &str) -> TrialRecord {
+fn skipped(work: &Work<'_>, step: &StepConfig, variant: &Variant, seed: u64, name: &str) -> TrialRecord {
     TrialRecord {
         trial: name.to_string(),
         step: step.id.clone(),
-        model: work.plan.models[model].clone(),
+        model: variant.model.clone(),
+        protocol: variant.protocol.unwrap_or(step.protocol).as_str().to_string(),
+        constrain: variant.constrain.unwrap_or(step.constrain),
+        constrained: false,
+        replies: 0,
+        runnable_replies: 0,
         seed,
         temperature: work.plan.temperature.or(step.temperature),
         passed: false,
@@ -694,7 +748,7 @@ fn dependencies_tree<'f>(chain: &Chain, index: usize, files_of: &dyn Fn(&str) ->
 fn run_trial(
     work: &Work<'_>,
     index: usize,
-    model: usize,
+    variant: &Variant,
     seed: u64,
     tree: &Files,
     name: &str,
@@ -702,9 +756,15 @@ fn run_trial(
 ) -> Result<Option<(TrialRecord, Files)>, EvalError> {
     let chain = work.chain;
     let mut step = chain.steps[index].clone();
-    let model_name = &work.plan.models[model];
+    let model_name = &variant.model;
     if model_name != CONFIGURED {
         model_name.clone_into(&mut step.model);
+    }
+    if let Some(protocol) = variant.protocol {
+        step.protocol = protocol;
+    }
+    if let Some(constrain) = variant.constrain {
+        step.constrain = constrain;
     }
     if let Some(temperature) = work.plan.temperature {
         step.temperature = Some(temperature);
@@ -733,6 +793,7 @@ fn run_trial(
         ),
     };
     let totals = transcript.totals();
+    let replies = transcript.replies();
     let finish_asked =
         outcome.is_ok() || transcript.events.iter().any(|e| matches!(e, Event::Check { asked_by_model: false, .. }));
     let transcript_path = work.run.write_transcript(name, &transcript.to_jsonl(Volatility::Keep))?;
@@ -750,6 +811,11 @@ fn run_trial(
         trial: name.to_string(),
         step: step.id.clone(),
         model: model_name.clone(),
+        protocol: step.protocol.as_str().to_string(),
+        constrain: step.constrain,
+        constrained: enforced(transcript),
+        replies: replies.sent,
+        runnable_replies: replies.runnable,
         seed,
         temperature: step.temperature,
         passed,
@@ -768,6 +834,13 @@ fn run_trial(
         files: locked,
     };
     Ok(Some((record, files)))
+}
+
+/// Whether the server enforced the step's protocol: the step planned a constraint and some
+/// model call went out under it. A server that refused it answered nothing constrained.
+fn enforced(transcript: &Transcript) -> bool {
+    let planned = transcript.events.iter().any(|e| matches!(e, Event::Constrained { .. }));
+    planned && transcript.events.iter().any(|e| matches!(e, Event::ModelCall { constraint: Some(_), .. }))
 }
 
 /// A counting semaphore for model requests, whose waits end when the run is cancelled.
@@ -828,6 +901,13 @@ impl Backend for Gated<'_> {
 
     fn location(&self) -> String {
         self.inner.location()
+    }
+
+    // Without it a trial would never be constrained: the default enforces nothing. Asking is
+    // not a model request (a GET of the server's models or version, answered at once even
+    // while it generates), so it does not wait for the gate.
+    fn enforcement(&mut self) -> Enforcement {
+        self.inner.enforcement()
     }
 
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {

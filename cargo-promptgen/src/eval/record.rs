@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use codegen_core::{Constrain, ToolProtocol};
 use serde::{Deserialize, Serialize};
 
 use super::error::EvalError;
@@ -41,7 +42,15 @@ pub struct RunPlan {
     pub steps: Vec<String>,
     /// The models, in the order given.
     pub models: Vec<String>,
-    /// Trials per step × model: seeds `seed .. seed + seeds`.
+    /// The protocols (`--protocol`), in the order given; empty for each step's configured one.
+    /// Absent from the plans of runs made before the flag, which then resume as they were.
+    #[serde(default)]
+    pub protocols: Vec<ToolProtocol>,
+    /// Whether the server is asked to enforce the protocol (`--constrain`), in the order given;
+    /// empty for each step's configured `constrain`.
+    #[serde(default)]
+    pub constrain: Vec<Constrain>,
+    /// Trials per step × variant: seeds `seed .. seed + seeds`.
     pub seeds: u32,
     /// `--temperature`, when it replaced the configured one.
     pub temperature: Option<f64>,
@@ -54,16 +63,150 @@ pub struct RunPlan {
     pub started_at: u64,
 }
 
-/// One finished trial: a step × model × seed.
+impl RunPlan {
+    /// Whether the run varies the protocol or the constraint (`--protocol`, `--constrain`).
+    pub fn varies_decoding(&self) -> bool {
+        !self.protocols.is_empty() || !self.constrain.is_empty()
+    }
+
+    /// What the run compares besides its steps, in the order of its rows: each model, and for
+    /// each, every protocol and then every `constrain` value the run varies.
+    pub fn variants(&self) -> Vec<Variant> {
+        let protocols: Vec<Option<ToolProtocol>> =
+            if self.protocols.is_empty() { vec![None] } else { self.protocols.iter().copied().map(Some).collect() };
+        let constrain: Vec<Option<Constrain>> =
+            if self.constrain.is_empty() { vec![None] } else { self.constrain.iter().copied().map(Some).collect() };
+        let mut variants = Vec::new();
+        for (index, model) in self.models.iter().enumerate() {
+            for &protocol in &protocols {
+                for &constrain in &constrain {
+                    variants.push(Variant { model_index: index, model: model.clone(), protocol, constrain });
+                }
+            }
+        }
+        variants
+    }
+}
+
+/// What a trial runs with besides its step and seed: a model and, where the run varies them,
+/// a protocol and whether the server is asked to enforce it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    /// The model's place in [`RunPlan::models`], which trial names use (`m0`, `m1`, ...).
+    pub model_index: usize,
+    /// The model.
+    pub model: String,
+    /// The protocol the trial runs in; `None`: the step's configured one (`--protocol` not
+    /// given).
+    pub protocol: Option<ToolProtocol>,
+    /// Whether its requests are constrained; `None`: the step's configured `constrain`.
+    pub constrain: Option<Constrain>,
+}
+
+impl Variant {
+    /// Its part of a trial's name: `m0`, and then the protocol and `on`/`off` where the run
+    /// varies them (`m0.json.on`). Without either it is the name trials had before the two
+    /// flags existed, so that those runs still resume.
+    pub fn tag(&self) -> String {
+        let mut tag = format!("m{}", self.model_index);
+        if let Some(protocol) = self.protocol {
+            tag.push('.');
+            tag.push_str(protocol.as_str());
+        }
+        if let Some(constrain) = self.constrain {
+            tag.push('.');
+            tag.push_str(on_off(constrain));
+        }
+        tag
+    }
+
+    /// Whether `trial` ran with this variant. A dimension the run does not vary matches any
+    /// trial, since its trials all ran with their step's configured value (and trials of runs
+    /// made before the flags record none).
+    pub fn holds(&self, trial: &TrialRecord) -> bool {
+        ran_with(trial, &self.model, self.protocol, self.constrain)
+    }
+
+    /// How rows name it: the model alone when the run varies neither the protocol nor the
+    /// constraint (as before the flags), else `model · protocol · constrained` (or
+    /// `unconstrained`). A dimension the run does not vary is the one `trials` share, which is
+    /// their step's configured one.
+    pub fn label(&self, trials: &[&TrialRecord]) -> String {
+        if self.protocol.is_none() && self.constrain.is_none() {
+            return self.model.clone();
+        }
+        let shared = |of: &dyn Fn(&TrialRecord) -> String| {
+            let first = of(trials.first()?);
+            trials.iter().all(|t| of(t) == first).then_some(first).filter(|value| !value.is_empty())
+        };
+        let protocol = match self.protocol {
+            Some(protocol) => protocol.as_str().to_string(),
+            None => shared(&|t| t.protocol.clone()).unwrap_or_else(|| "configured protocol".into()),
+        };
+        let constraint = match self.constrain.or_else(|| {
+            let first = trials.first()?.constrain;
+            trials.iter().all(|t| t.constrain == first).then_some(first)
+        }) {
+            Some(Constrain::Auto) => "constrained",
+            Some(Constrain::Off) => "unconstrained",
+            None => "configured constraint",
+        };
+        format!("{} · {protocol} · {constraint}", self.model)
+    }
+}
+
+/// Whether `trial` ran with `model` and, where given, `protocol` and `constrain`.
+pub(super) fn ran_with(
+    trial: &TrialRecord,
+    model: &str,
+    protocol: Option<ToolProtocol>,
+    constrain: Option<Constrain>,
+) -> bool {
+    trial.model == model
+        && protocol.is_none_or(|protocol| trial.protocol == protocol.as_str())
+        && constrain.is_none_or(|constrain| trial.constrain == constrain)
+}
+
+/// `--constrain`'s spelling of a value: `on` for [`Constrain::Auto`] (constrained wherever the
+/// server can enforce the protocol), `off` for [`Constrain::Off`].
+pub fn on_off(constrain: Constrain) -> &'static str {
+    match constrain {
+        Constrain::Auto => "on",
+        Constrain::Off => "off",
+    }
+}
+
+/// One finished trial: a step × variant (model, protocol, constraint) × seed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialRecord {
-    /// Its name within the run: `<step>.m<model index>.s<seed>` (with `--chain`,
-    /// `chain<n>.m<model index>.<step>`), used for its files.
+    /// Its name within the run: `<step>.<variant>.s<seed>` (with `--chain`,
+    /// `chain<n>.<variant>.<step>`), used for its files; the variant is `m<model index>`, then
+    /// the protocol and `on`/`off` where the run varies them ([`Variant::tag`]).
     pub trial: String,
     /// The step.
     pub step: String,
     /// The model.
     pub model: String,
+    /// The protocol asked for (`native`, `json`, `blocks`): the step's own or `--protocol`'s.
+    /// A `native` step may run in `json` where only a JSON schema can be enforced; its
+    /// transcript says so. Empty in trials of runs made before it was recorded.
+    #[serde(default)]
+    pub protocol: String,
+    /// Whether the server was asked to enforce the protocol: the step's `constrain` or
+    /// `--constrain`'s (`auto` for trials of runs made before it was recorded).
+    #[serde(default)]
+    pub constrain: Constrain,
+    /// Whether the server really enforced something: the step's transcript says its requests
+    /// were constrained, and at least one model call went out so. (A server that refuses the
+    /// constraint leaves the step unconstrained, having generated nothing under it.)
+    #[serde(default)]
+    pub constrained: bool,
+    /// The model's replies (model calls answered).
+    #[serde(default)]
+    pub replies: u32,
+    /// Those replies that were exactly one tool call the loop could run.
+    #[serde(default)]
+    pub runnable_replies: u32,
     /// The seed sent (none when the step configures none and it is the first trial... never:
     /// eval always sends one).
     pub seed: u64,
@@ -306,6 +449,68 @@ mod tests {
         // `app-2-20261201-105043` is package `app-2`'s, not `app`'s.
         assert!(!is_stamp("2-20261201-105043"));
         assert!(!is_stamp("20261201") && !is_stamp("20261201-10504x"));
+    }
+
+    #[test]
+    fn plans_and_trials_of_runs_made_before_the_decoding_flags_still_read_and_keep_their_names() {
+        let plan: RunPlan = serde_json::from_str(
+            r#"{"package":"p","chain":false,"steps":["01"],"models":["m","n"],"seeds":5,"temperature":null,
+                "keys":[["01","k"]],"replay_of":null,"started_at":1}"#,
+        )
+        .unwrap();
+        assert!(plan.protocols.is_empty() && plan.constrain.is_empty() && !plan.varies_decoding());
+        let tags: Vec<String> = plan.variants().iter().map(Variant::tag).collect();
+        assert_eq!(tags, ["m0", "m1"], "the names trials had before");
+        let trial: TrialRecord = serde_json::from_str(
+            r#"{"trial":"01.m0.s3","step":"01","model":"m","seed":3,"temperature":null,"passed":true,
+                "check":"passed","tests":null,"classes":[],"error":null,"finish_asked":true,"model_calls":2,
+                "prompt_tokens":1,"completion_tokens":1,"wall_ms":5,"transcript":null,"output_hash":null,"files":[]}"#,
+        )
+        .unwrap();
+        assert_eq!((trial.protocol.as_str(), trial.replies, trial.runnable_replies), ("", 0, 0));
+        assert!(!trial.constrained);
+        let variant = &plan.variants()[0];
+        assert!(variant.holds(&trial) && !plan.variants()[1].holds(&trial));
+        assert_eq!(variant.label(&[&trial]), "m");
+    }
+
+    #[test]
+    fn variants_go_model_then_protocol_then_constraint_and_name_what_they_vary() {
+        let mut plan: RunPlan = serde_json::from_str(
+            r#"{"package":"p","chain":false,"steps":["01"],"models":["m"],"seeds":1,"temperature":null,
+                "keys":[],"replay_of":null,"started_at":1,"protocols":["json","blocks"],"constrain":["auto","off"]}"#,
+        )
+        .unwrap();
+        let variants = plan.variants();
+        let tags: Vec<String> = variants.iter().map(Variant::tag).collect();
+        assert_eq!(tags, ["m0.json.on", "m0.json.off", "m0.blocks.on", "m0.blocks.off"]);
+        let labels: Vec<String> = variants.iter().map(|v| v.label(&[])).collect();
+        assert_eq!(
+            labels,
+            [
+                "m · json · constrained",
+                "m · json · unconstrained",
+                "m · blocks · constrained",
+                "m · blocks · unconstrained"
+            ]
+        );
+        // Only the constraint varied: the protocol is the step's, which its trials recorded.
+        plan.protocols.clear();
+        plan.constrain = vec![Constrain::Off];
+        let variant = &plan.variants()[0];
+        assert_eq!(variant.tag(), "m0.off");
+        let mut trial: TrialRecord = serde_json::from_str(
+            r#"{"trial":"01.m0.off.s0","step":"01","model":"m","seed":0,"temperature":null,"passed":true,
+                "check":"passed","tests":null,"classes":[],"error":null,"finish_asked":true,"model_calls":2,
+                "prompt_tokens":1,"completion_tokens":1,"wall_ms":5,"transcript":null,"output_hash":null,"files":[],
+                "protocol":"native","constrain":"off"}"#,
+        )
+        .unwrap();
+        assert!(variant.holds(&trial));
+        assert_eq!(variant.label(&[&trial]), "m · native · unconstrained");
+        assert_eq!(variant.label(&[]), "m · configured protocol · unconstrained");
+        trial.constrain = Constrain::Auto;
+        assert!(!variant.holds(&trial), "a constrained trial is not of the `off` variant");
     }
 
     #[test]

@@ -7,9 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use codegen_core::backend::BackendError;
 use codegen_core::check::Findings;
 use codegen_core::transcript::{Event, Transcript};
+use codegen_core::{Constrain, ToolProtocol};
 use serde::{Deserialize, Serialize};
 
-use super::record::{TrialRecord, Verdict};
+use super::record::{TrialRecord, Variant, Verdict, ran_with};
 
 /// What a trial's end says, as the row statistics need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,13 +191,23 @@ pub fn percentile<T: Copy + Ord>(values: &[T], p: f64) -> Option<T> {
     sorted.get(rank - 1).copied()
 }
 
-/// One step × model (or the whole chain × model) over its trials.
+/// One step × variant (or the whole chain × variant) over its trials.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// The step's id, or `chain` for the chain as a whole (`--chain`).
     pub step: String,
     /// The model.
     pub model: String,
+    /// How the table names the row's variant: the model, and where the run varies them the
+    /// protocol and the constraint (`qwen · json · constrained`); see [`Variant::label`].
+    pub variant: String,
+    /// The protocol of the row's trials, where the run varies it (`--protocol`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<ToolProtocol>,
+    /// Whether the row's trials asked for constrained decoding, where the run varies it
+    /// (`--constrain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constrain: Option<Constrain>,
     /// Trials that ran (skipped ones excluded).
     pub trials: usize,
     /// Trials whose files passed the check (for `cargo test`: compiled).
@@ -215,6 +226,13 @@ pub struct Row {
     pub pass_hat_k: Option<f64>,
     /// Distinct outputs among the trials that wrote files, by the hash of their files.
     pub distinct_outputs: usize,
+    /// The model's replies over the row's trials.
+    #[serde(default)]
+    pub replies: u64,
+    /// Those replies that were exactly one tool call the loop could run: what constrained
+    /// decoding is meant to make all of them.
+    #[serde(default)]
+    pub runnable_replies: u64,
     /// Median model calls per trial.
     pub median_calls: u32,
     /// Median tokens per trial (prompt + completion).
@@ -236,28 +254,33 @@ impl Row {
     pub fn meets_threshold(&self) -> bool {
         self.min_pass_rate.is_none_or(|min| self.trials > 0 && self.pass_at_1 + 1e-9 >= min)
     }
+
+    /// Whether `trial` is one of the row's (skipped or not): of its step, with its variant.
+    pub fn holds(&self, trial: &TrialRecord) -> bool {
+        trial.step == self.step && ran_with(trial, &self.model, self.protocol, self.constrain)
+    }
 }
 
-/// The rows of `trials`, one per step × model in the order given, with `k` for pass^k and
+/// The rows of `trials`, one per step × variant in the order given, with `k` for pass^k and
 /// the thresholds `min_pass_rate` gives per step.
 pub fn rows(
     trials: &[TrialRecord],
     steps: &[String],
-    models: &[String],
+    variants: &[Variant],
     k: usize,
     min_pass_rate: &dyn Fn(&str) -> Option<f64>,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     for step in steps {
-        for model in models {
-            let of_row: Vec<&TrialRecord> = trials.iter().filter(|t| &t.step == step && &t.model == model).collect();
-            rows.push(row(step, model, &of_row, k, min_pass_rate(step)));
+        for variant in variants {
+            let of_row: Vec<&TrialRecord> = trials.iter().filter(|t| &t.step == step && variant.holds(t)).collect();
+            rows.push(row(step, variant, &of_row, k, min_pass_rate(step)));
         }
     }
     rows
 }
 
-fn row(step: &str, model: &str, trials: &[&TrialRecord], k: usize, min_pass_rate: Option<f64>) -> Row {
+fn row(step: &str, variant: &Variant, trials: &[&TrialRecord], k: usize, min_pass_rate: Option<f64>) -> Row {
     let skipped = trials.iter().filter(|t| t.skipped).count();
     let ran: Vec<&TrialRecord> = trials.iter().copied().filter(|t| !t.skipped).collect();
     let n = ran.len();
@@ -277,7 +300,10 @@ fn row(step: &str, model: &str, trials: &[&TrialRecord], k: usize, min_pass_rate
     let wall: Vec<u64> = ran.iter().map(|t| t.wall_ms).collect();
     Row {
         step: step.to_string(),
-        model: model.to_string(),
+        model: variant.model.clone(),
+        variant: variant.label(trials),
+        protocol: variant.protocol,
+        constrain: variant.constrain,
         trials: n,
         passed_check: ran.iter().filter(|t| t.check == Verdict::Passed).count(),
         passed_tests: with_tests.then(|| ran.iter().filter(|t| t.tests == Some(Verdict::Passed)).count()),
@@ -287,6 +313,8 @@ fn row(step: &str, model: &str, trials: &[&TrialRecord], k: usize, min_pass_rate
         k,
         pass_hat_k: pass_hat_k(passed, n, k),
         distinct_outputs: outputs.len(),
+        replies: ran.iter().map(|t| u64::from(t.replies)).sum(),
+        runnable_replies: ran.iter().map(|t| u64::from(t.runnable_replies)).sum(),
         median_calls: percentile(&calls, 0.5).unwrap_or(0),
         median_tokens: percentile(&tokens, 0.5).unwrap_or(0),
         wall_ms_p50: percentile(&wall, 0.5).unwrap_or(0),
@@ -359,6 +387,63 @@ mod tests {
             ["compiler error (no code)"],
             "a withheld error without a code is no class"
         );
+    }
+
+    fn trial(protocol: ToolProtocol, constrain: Constrain, replies: u32, runnable_replies: u32) -> TrialRecord {
+        TrialRecord {
+            trial: format!("01.m0.{protocol}.{}.s0", super::super::record::on_off(constrain)),
+            step: "01".into(),
+            model: "m".into(),
+            protocol: protocol.as_str().into(),
+            constrain,
+            constrained: constrain == Constrain::Auto,
+            replies,
+            runnable_replies,
+            seed: 0,
+            temperature: None,
+            passed: replies == runnable_replies,
+            skipped: false,
+            check: Verdict::Passed,
+            tests: None,
+            classes: Vec::new(),
+            error: None,
+            finish_asked: true,
+            model_calls: replies,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            wall_ms: 0,
+            transcript: None,
+            output_hash: None,
+            files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_row_per_variant_sums_the_replies_of_its_own_trials() {
+        let variant = |protocol, constrain| Variant {
+            model_index: 0,
+            model: "m".into(),
+            protocol: Some(protocol),
+            constrain: Some(constrain),
+        };
+        let variants = [variant(ToolProtocol::Json, Constrain::Auto), variant(ToolProtocol::Json, Constrain::Off)];
+        let trials = [
+            trial(ToolProtocol::Json, Constrain::Auto, 2, 2),
+            trial(ToolProtocol::Json, Constrain::Off, 3, 2),
+            trial(ToolProtocol::Json, Constrain::Auto, 2, 2),
+            trial(ToolProtocol::Json, Constrain::Off, 4, 2),
+            // Of no variant of the run: not counted anywhere.
+            trial(ToolProtocol::Blocks, Constrain::Auto, 9, 9),
+        ];
+        let rows = rows(&trials, &["01".into()], &variants, 1, &|_| None);
+        let shown: Vec<(&str, usize, u64, u64)> =
+            rows.iter().map(|r| (r.variant.as_str(), r.trials, r.runnable_replies, r.replies)).collect();
+        assert_eq!(shown, [("m · json · constrained", 2, 4, 4), ("m · json · unconstrained", 2, 4, 7)]);
+        assert_eq!(
+            (rows[1].passed, rows[1].protocol, rows[1].constrain),
+            (0, Some(ToolProtocol::Json), Some(Constrain::Off))
+        );
+        assert!(rows[0].holds(&trials[0]) && !rows[0].holds(&trials[1]) && !rows[0].holds(&trials[4]));
     }
 
     #[test]

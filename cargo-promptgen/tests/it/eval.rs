@@ -9,18 +9,19 @@
 //! lock, the store and the package are byte-identical afterwards and no pending area appears;
 //! `--replay` makes no request and judges the kept files by today's tests; an interrupted run
 //! resumes without running its finished trials again; `--chain`; a step whose dependency has
-//! no recorded output is refused with the fix.
+//! no recorded output is refused with the fix; `--protocol` and `--constrain` against the fake
+//! server seen as llama-server, a row per protocol × constraint with its runnable replies.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use promptgen_tests::{FakeLlm, Reply, Turn};
+use promptgen_tests::{FakeLlm, Identity, RecordedRequest, Reply, Turn};
 use serde_json::{Value, json};
 
 use crate::support;
 use crate::support::{
-    Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, pending_dir, promptgen_offline,
-    snapshot, stderr, stdout, text,
+    A, Package, USER_JSON_GOOD, USER_JSON_MAIN, USER_JSON_TYPO, USER_JSON_WRONG, changes, pending_dir,
+    promptgen_offline, snapshot, stderr, stdout, text,
 };
 
 const METADATA: &str = r#"
@@ -374,4 +375,245 @@ fn values_out_of_range_are_usage_errors_before_any_trial() {
         }),
         "no run folder for a refused command"
     );
+}
+
+/// One step writing `a.rs` through an OpenAI-compatible server, checked by rustc.
+const OPENAI_ONE_STEP: &str = r#"
+[package.metadata.promptgen]
+backend = "openai"
+model = "fake-coder"
+seed = 1
+temperature = 0.7
+max_model_calls = 4
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+check = "rustc"
+"#;
+
+/// Whether a request is in the `blocks` protocol: constrained by a grammar, or told about `@@@`
+/// commands by its system prompt (else it is in `json`: nothing here offers native tools).
+fn is_blocks(body: &Value) -> bool {
+    body.get("grammar").is_some()
+        || body["messages"][0]["content"].as_str().is_some_and(|system| system.contains("@@@write_begin"))
+}
+
+/// Whether a request carries a constraint, as llama-server takes one.
+fn is_constrained(body: &Value) -> bool {
+    body.get("grammar").is_some() || body.get("response_format").is_some()
+}
+
+/// A model behind llama-server that writes `a.rs` and then finishes, in the protocol each
+/// request is in. Unconstrained, seed 2 first answers in prose: the slip constrained
+/// decoding rules out, which the `runnable` column is there to show.
+fn decoding_answer(body: &Value) -> Option<Reply> {
+    let messages = body["messages"].as_array()?;
+    let replied = |what: &[&str]| {
+        messages.iter().any(|m| {
+            m["role"] == "assistant" && m["content"].as_str().is_some_and(|c| what.iter().any(|w| c.contains(w)))
+        })
+    };
+    let first = !messages.iter().any(|m| m["role"] == "assistant");
+    if first && !is_constrained(body) && body["seed"] == 2 {
+        return Some(Reply::turn(Turn::text("Sure! I will write a.rs with the function a now.")));
+    }
+    let wrote = replied(&["write_file", "@@@write_begin"]);
+    let text = match (is_blocks(body), wrote) {
+        (true, false) => format!("@@@write_begin(a.rs)\n{A}@@@write_end"),
+        (true, true) => "@@@done(Wrote a.rs.)".to_string(),
+        (false, false) => json!({"tool": "write_file", "arguments": {"path": "a.rs", "content": A}}).to_string(),
+        (false, true) => json!({"tool": "finish", "arguments": {"summary": "Wrote a.rs."}}).to_string(),
+    };
+    Some(Reply::turn(Turn::text(&text)))
+}
+
+/// `cargo promptgen <args>` against `server` as an OpenAI-compatible server, offline.
+fn promptgen_openai(package: &Package, server: &FakeLlm, args: &[&str]) -> Output {
+    support::run(
+        package.promptgen(args).env("OPENAI_BASE_URL", format!("{}/v1", server.url())).env("CARGO_NET_OFFLINE", "true"),
+    )
+}
+
+fn trials_of_run(run: &str) -> Vec<Value> {
+    let file = support::shared_target().join("promptgen/eval").join(run).join("trials.jsonl");
+    std::fs::read_to_string(&file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn bodies(requests: &[RecordedRequest]) -> Vec<Value> {
+    requests.iter().filter(|r| r.method == "POST").map(RecordedRequest::json).collect()
+}
+
+#[test]
+fn protocols_and_constraints_are_rows_of_their_own_and_only_constrained_trials_send_the_constraint() {
+    let server = FakeLlm::start(Vec::new());
+    server.identify_as(Identity::LlamaServer);
+    server.respond_with(decoding_answer);
+    let package = Package::lettered(OPENAI_ONE_STEP, 1);
+
+    let out = promptgen_openai(
+        &package,
+        &server,
+        &[
+            "eval",
+            "--protocol",
+            "json,blocks",
+            "--constrain",
+            "on",
+            "--constrain",
+            "off",
+            "--seeds",
+            "2",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let summary = json_of(&out);
+    let rows = summary["rows"].as_array().unwrap();
+    let said = stderr(&out);
+    assert!(said.contains("  01 · fake-coder · blocks · unconstrained · seed 2: passed (3 calls,"), "{said}");
+    let labels: Vec<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        [
+            "fake-coder · json · constrained",
+            "fake-coder · json · unconstrained",
+            "fake-coder · blocks · constrained",
+            "fake-coder · blocks · unconstrained"
+        ]
+    );
+    for row in rows {
+        assert_eq!(
+            (row["model"].as_str(), row["trials"].as_u64(), row["passed"].as_u64()),
+            (Some("fake-coder"), Some(2), Some(2)),
+            "{row:#}"
+        );
+        // Constrained, every reply was a call the loop could run; unconstrained, seed 2 slipped once.
+        let expected = if row["constrain"] == "auto" { (4, 4) } else { (4, 5) };
+        assert_eq!(
+            (row["runnable_replies"].as_u64(), row["replies"].as_u64()),
+            (Some(expected.0), Some(expected.1)),
+            "{row:#}"
+        );
+    }
+    assert_eq!((rows[0]["protocol"].as_str(), rows[0]["constrain"].as_str()), (Some("json"), Some("auto")));
+    assert_eq!((rows[3]["protocol"].as_str(), rows[3]["constrain"].as_str()), (Some("blocks"), Some("off")));
+
+    // Eight trials, each named by its variant, each recording whether the server enforced it.
+    let run = summary["run"].as_str().unwrap().to_string();
+    let trials = trials_of_run(&run);
+    let mut names: Vec<&str> = trials.iter().map(|t| t["trial"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "01.m0.blocks.off.s1",
+            "01.m0.blocks.off.s2",
+            "01.m0.blocks.on.s1",
+            "01.m0.blocks.on.s2",
+            "01.m0.json.off.s1",
+            "01.m0.json.off.s2",
+            "01.m0.json.on.s1",
+            "01.m0.json.on.s2",
+        ]
+    );
+    for trial in &trials {
+        let name = trial["trial"].as_str().unwrap();
+        let protocol = if name.contains(".json.") { "json" } else { "blocks" };
+        assert_eq!(trial["protocol"], protocol, "{trial:#}");
+        assert_eq!(trial["constrained"], name.contains(".on."), "{trial:#}");
+        assert_eq!(trial["constrain"], if name.contains(".on.") { "auto" } else { "off" }, "{trial:#}");
+    }
+
+    // What the server saw: constrained requests carry the protocol's constraint (a JSON schema
+    // for json, a grammar for blocks), unconstrained ones none; no request offers tools.
+    let sent = bodies(&server.requests());
+    assert_eq!(sent.len(), 2 * (4 + 5), "{}", text(&out));
+    assert!(sent.iter().all(|b| b.get("tools").is_none()), "json and blocks offer no native tools");
+    let count = |blocks: bool, constrained: bool| {
+        sent.iter().filter(|b| is_blocks(b) == blocks && is_constrained(b) == constrained).count()
+    };
+    assert_eq!((count(false, true), count(false, false), count(true, true), count(true, false)), (4, 5, 4, 5));
+    for body in sent.iter().filter(|b| is_constrained(b)) {
+        if is_blocks(body) {
+            assert!(body["grammar"].as_str().unwrap().starts_with("root ::= write"), "{body}");
+            assert!(body.get("response_format").is_none(), "{body}");
+        } else {
+            assert_eq!(body["response_format"]["type"], "json_schema", "{body}");
+            assert!(body.get("grammar").is_none(), "{body}");
+        }
+    }
+
+    // The table of every format shows `runnable` after `distinct`; a resumed run keeps its
+    // variants and runs nothing.
+    let requests = server.requests().len();
+    let out = promptgen_openai(&package, &server, &["eval", "--resume", &run, "--format", "md"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), requests, "a finished run has nothing left to run");
+    let md = stdout(&out);
+    assert!(md.contains("| pass^k | distinct | runnable | calls |"), "{md}");
+    assert!(md.contains("| 01 | fake-coder · json · constrained | 2 | 2/2 | - | 100% |"), "{md}");
+    assert!(md.contains("| 01 | fake-coder · blocks · unconstrained | 2 | 2/2 | - | 100% |"), "{md}");
+    assert!(md.contains("| 1 | 4/4 |") && md.contains("| 1 | 4/5 |"), "one distinct output, then runnable: {md}");
+    let out = promptgen_openai(&package, &server, &["eval", "--resume", &run]);
+    let table = stdout(&out);
+    let header = table.lines().next().unwrap();
+    assert!(header.contains("distinct  runnable  calls"), "{table}");
+    let line =
+        table.lines().find(|l| l.contains("fake-coder · json · unconstrained")).unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains(" 4/5 "), "{table}");
+    let out = promptgen_openai(&package, &server, &["eval", "--resume", &run, "--format", "junit"]);
+    let junit = stdout(&out);
+    assert!(
+        junit.contains("<testsuite name=\"step 01 · fake-coder · blocks · constrained\" tests=\"2\" failures=\"0\">"),
+        "{junit}"
+    );
+    assert!(junit.contains("<property name=\"runnable\" value=\"4/5\"/>"), "{junit}");
+    assert_eq!(junit.matches("<testcase ").count(), 8, "{junit}");
+
+    // Without the flags: a row per model as before, named by the model, and the trial names of
+    // runs made before them. The step's `native` protocol, which llama-server cannot require,
+    // is carried in `json` under a schema: constrained, as its record says.
+    let requests = server.requests().len();
+    let out = promptgen_openai(&package, &server, &["eval", "--seeds", "1", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let plain = json_of(&out);
+    assert!(stderr(&out).contains("  01 · fake-coder · seed 1: passed (2 calls,"), "{}", text(&out));
+    let rows = plain["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{plain:#}");
+    assert_eq!((rows[0]["model"].as_str(), rows[0]["variant"].as_str()), (Some("fake-coder"), Some("fake-coder")));
+    assert!(rows[0].get("protocol").is_none() && rows[0].get("constrain").is_none(), "{plain:#}");
+    assert_eq!((rows[0]["runnable_replies"].as_u64(), rows[0]["replies"].as_u64()), (Some(2), Some(2)));
+    let trials = trials_of_run(plain["run"].as_str().unwrap());
+    assert_eq!(trials.len(), 1);
+    assert_eq!(trials[0]["trial"], "01.m0.s1");
+    assert_eq!((trials[0]["protocol"].as_str(), trials[0]["constrained"].as_bool()), (Some("native"), Some(true)));
+    let sent = bodies(&server.requests()[requests..]);
+    assert!(sent.iter().all(|b| b["response_format"]["type"] == "json_schema"), "{sent:?}");
+    let out = promptgen_openai(&package, &server, &["eval", "--resume", plain["run"].as_str().unwrap()]);
+    let table = stdout(&out);
+    assert!(table.lines().nth(1).is_some_and(|l| l.starts_with("01    fake-coder  1 ")), "{table}");
+}
+
+#[test]
+fn unknown_protocols_and_constraint_values_are_usage_errors_naming_the_allowed_ones() {
+    let server = server();
+    let package = package(METADATA);
+    for (args, says) in [
+        (&["--protocol", "nope"][..], &["nope", "native", "json", "blocks"][..]),
+        (&["--protocol", "json,nope"][..], &["nope", "native", "json", "blocks"][..]),
+        (&["--constrain", "maybe"][..], &["maybe", "on", "off"][..]),
+        (&["--resume", "--protocol", "json"][..], &["--protocol"][..]),
+        (&["--replay", "some-run", "--constrain", "off"][..], &["--constrain"][..]),
+    ] {
+        let out = promptgen_offline(&package, &server, &[&["eval"][..], args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        let err = stderr(&out);
+        for word in says {
+            assert!(err.contains(word), "{args:?}: expected `{word}` in {err}");
+        }
+    }
+    assert_eq!(server.requests().len(), 0);
 }

@@ -1,5 +1,6 @@
 //! `cargo promptgen eval`: runs trials (see the library's `eval` module), prints the table in
-//! the format asked for, and exits 1 when a step × model falls below its threshold.
+//! the format asked for, and exits 1 when a step × variant (model, protocol, constraint) falls
+//! below its threshold.
 
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
@@ -12,6 +13,7 @@ use cargo_promptgen::__private::eval::TrialRecord;
 use cargo_promptgen::__private::eval::{self, Outcome, Pace, Report, Spec};
 use cargo_promptgen::__private::{self as internals, Overrides};
 use clap::{Args, ValueEnum};
+use codegen_core::{Constrain, ToolProtocol};
 
 use crate::live::Verbosity;
 use crate::{Output, Package, Selection, interrupt, open};
@@ -28,7 +30,15 @@ pub struct EvalArgs {
     /// configured one).
     #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
-    /// Trials per step and model: seeds seed, seed+1, ... from the step's seed (0 if none).
+    /// Evaluate in these tool-call protocols, comma-separated (repeatable; default: each
+    /// step's configured one).
+    #[arg(long = "protocol", value_name = "LIST", value_enum, value_delimiter = ',')]
+    protocols: Vec<ProtocolArg>,
+    /// Evaluate with constrained decoding on, off, or both to compare them (comma-separated,
+    /// repeatable; default: each step's configured `constrain`).
+    #[arg(long = "constrain", value_name = "LIST", value_enum, value_delimiter = ',')]
+    constrain: Vec<ConstrainArg>,
+    /// Trials per step and variant: seeds seed, seed+1, ... from the step's seed (0 if none).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seeds: u32,
     /// Run the whole chain fresh in each trial, instead of each step on the recorded output
@@ -48,17 +58,18 @@ pub struct EvalArgs {
     /// k of pass^k, the chance that k trials all pass.
     #[arg(long, value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     k: u32,
-    /// The pass rate every step × model must reach (beats `[package.metadata.promptgen.eval]`).
+    /// The pass rate every row (step × model, protocol, constraint) must reach (beats
+    /// `[package.metadata.promptgen.eval]`).
     #[arg(long, value_name = "RATE", value_parser = number_in(internals::PASS_RATES, "a pass rate"))]
     min_pass_rate: Option<f64>,
     /// How to print the results.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
     /// Resume an interrupted run (default: the package's latest): its finished trials are kept.
-    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["replay", "steps", "models", "chain"])]
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["replay", "steps", "models", "protocols", "constrain", "chain"])]
     resume: Option<String>,
     /// Judge the trials of RUN again with today's checks and tests, calling no model.
-    #[arg(long, value_name = "RUN", conflicts_with_all = ["steps", "models", "chain"])]
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["steps", "models", "protocols", "constrain", "chain"])]
     replay: Option<String>,
     /// Backend for this run (beats PROMPTGEN_BACKEND and the metadata).
     #[arg(long, value_name = "NAME")]
@@ -77,8 +88,49 @@ pub enum Format {
     Md,
     /// `summary.json`'s content.
     Json,
-    /// JUnit XML: a test suite per step × model, a test case per trial.
+    /// JUnit XML: a test suite per row (step × model, protocol, constraint), a test case per
+    /// trial.
     Junit,
+}
+
+/// `--protocol`: codegen-core's protocols, spelt as the configuration spells them.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolArg {
+    /// The server's own tool calls.
+    Native,
+    /// A JSON object per reply, described in the system prompt.
+    Json,
+    /// `@@@` commands in the reply's text.
+    Blocks,
+}
+
+impl From<ProtocolArg> for ToolProtocol {
+    fn from(protocol: ProtocolArg) -> ToolProtocol {
+        match protocol {
+            ProtocolArg::Native => ToolProtocol::Native,
+            ProtocolArg::Json => ToolProtocol::Json,
+            ProtocolArg::Blocks => ToolProtocol::Blocks,
+        }
+    }
+}
+
+/// `--constrain`: `on` asks the server to enforce the protocol wherever it can (`constrain =
+/// "auto"`), `off` never does.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConstrainArg {
+    /// Constrained decoding wherever the server can enforce the protocol.
+    On,
+    /// The model is only told the protocol.
+    Off,
+}
+
+impl From<ConstrainArg> for Constrain {
+    fn from(constrain: ConstrainArg) -> Constrain {
+        match constrain {
+            ConstrainArg::On => Constrain::Auto,
+            ConstrainArg::Off => Constrain::Off,
+        }
+    }
 }
 
 /// A parser of numbers in `range`, so that a value out of it is a usage error (exit 2) that
@@ -108,12 +160,15 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
         cancel: interrupt::on_ctrl_c_for("trials")?,
     };
     let started = Instant::now();
+    // Known once the run begins (a resumed run varies what its plan says).
+    let mut varies_decoding = false;
     let mut show = |report: Report| {
         if quiet {
             return;
         }
         match report {
-            Report::Began { run, dir, trials, done } => {
+            Report::Began { run, dir, trials, done, varies_decoding: varies } => {
+                varies_decoding = varies;
                 let resumed = if done > 0 { format!(", {done} done before") } else { String::new() };
                 eprintln!(
                     "Evaluating {}: {trials} trials{resumed}; run `{run}` in {}",
@@ -121,7 +176,7 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
                     dir.display()
                 );
             }
-            Report::Finished(trial) => eprintln!("  {}", describe_trial(&trial)),
+            Report::Finished(trial) => eprintln!("  {}", describe_trial(&trial, varies_decoding)),
         }
     };
     let outcome = match (&args.replay, &args.resume) {
@@ -133,6 +188,8 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
             let spec = Spec {
                 steps: args.steps.clone(),
                 models: args.models.clone(),
+                protocols: args.protocols.iter().map(|&p| p.into()).collect(),
+                constrain: args.constrain.iter().map(|&c| c.into()).collect(),
                 seeds: args.seeds,
                 chain: args.chain,
                 temperature: args.temperature,
@@ -176,9 +233,9 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
     let below: Vec<&Row> = rows.iter().filter(|r| !r.meets_threshold()).collect();
     for row in &below {
         eprintln!(
-            "error: step {} with model `{}` passed {} of {} trials ({}), below its min_pass_rate of {}",
+            "error: step {} with {} passed {} of {} trials ({}), below its min_pass_rate of {}",
             row.step,
-            row.model,
+            with_what(row),
             row.passed,
             row.trials,
             percent(row.pass_at_1),
@@ -192,18 +249,30 @@ fn percent(rate: f64) -> String {
     format!("{:.0}%", rate * 100.0)
 }
 
-fn describe_trial(trial: &TrialRecord) -> String {
+/// ``model `m` `` for a row of a run that compares models only, else ``model `m` · json ·
+/// constrained``.
+fn with_what(row: &Row) -> String {
+    let rest = row.variant.strip_prefix(row.model.as_str()).unwrap_or_default();
+    format!("model `{}`{rest}", row.model)
+}
+
+/// A trial's line as it finishes; `varies_decoding`: the run compares protocols or
+/// constraints, so the line names the trial's.
+fn describe_trial(trial: &TrialRecord, varies_decoding: bool) -> String {
+    let variant = if varies_decoding {
+        // What was asked for, as the rows name it: whether the server enforced it is the record's.
+        let constraint = if trial.constrain == Constrain::Off { "unconstrained" } else { "constrained" };
+        format!("{} · {} · {constraint}", trial.model, trial.protocol)
+    } else {
+        trial.model.clone()
+    };
     if trial.skipped {
-        return format!(
-            "{} · {} · seed {}: skipped (a step it runs after failed)",
-            trial.step, trial.model, trial.seed
-        );
+        return format!("{} · {variant} · seed {}: skipped (a step it runs after failed)", trial.step, trial.seed);
     }
     let verdict = if trial.passed { "passed".to_string() } else { format!("failed: {}", trial.classes.join(", ")) };
     format!(
-        "{} · {} · seed {}: {verdict} ({} calls, {} tokens, {:.1}s)",
+        "{} · {variant} · seed {}: {verdict} ({} calls, {} tokens, {:.1}s)",
         trial.step,
-        trial.model,
         trial.seed,
         trial.model_calls,
         trial.prompt_tokens + trial.completion_tokens,
@@ -211,7 +280,7 @@ fn describe_trial(trial: &TrialRecord) -> String {
     )
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 13] = [
     "step",
     "model",
     "trials",
@@ -221,16 +290,17 @@ const HEADER: [&str; 12] = [
     "95% CI",
     "pass^k",
     "distinct",
+    "runnable",
     "calls",
     "tokens",
     "wall p50/p95",
 ];
 
-fn cells(row: &Row) -> [String; 12] {
+fn cells(row: &Row) -> [String; 13] {
     let of = |n: usize| format!("{n}/{}", row.trials);
     [
         row.step.clone(),
-        row.model.clone(),
+        row.variant.clone(),
         if row.skipped > 0 { format!("{} (+{} skipped)", row.trials, row.skipped) } else { row.trials.to_string() },
         of(row.passed_check),
         row.passed_tests.map_or_else(|| "-".into(), of),
@@ -238,6 +308,7 @@ fn cells(row: &Row) -> [String; 12] {
         format!("{}–{}", percent(row.interval.0), percent(row.interval.1)),
         row.pass_hat_k.map_or_else(|| format!("- (k={})", row.k), |p| format!("{p:.2} (k={})", row.k)),
         row.distinct_outputs.to_string(),
+        format!("{}/{}", row.runnable_replies, row.replies),
         row.median_calls.to_string(),
         row.median_tokens.to_string(),
         format!("{:.1}s/{:.1}s", row.wall_ms_p50 as f64 / 1000.0, row.wall_ms_p95 as f64 / 1000.0),
@@ -250,7 +321,7 @@ fn threshold_note(row: &Row) -> Option<String> {
     Some(format!(
         "{} · {}: pass@1 {} {verdict} min_pass_rate {}",
         row.step,
-        row.model,
+        row.variant,
         percent(row.pass_at_1),
         percent(min)
     ))
@@ -263,11 +334,11 @@ fn failures_of(row: &Row) -> Option<String> {
     let top: Vec<String> = row.failures.iter().take(5).map(|(class, n)| format!("{class} ({n})")).collect();
     let more = row.failures.len().saturating_sub(5);
     let more = if more > 0 { format!(", and {more} more") } else { String::new() };
-    Some(format!("{} · {}: {}{more}", row.step, row.model, top.join(", ")))
+    Some(format!("{} · {}: {}{more}", row.step, row.variant, top.join(", ")))
 }
 
 fn table(rows: &[Row]) -> String {
-    let cells: Vec<[String; 12]> = rows.iter().map(cells).collect();
+    let cells: Vec<[String; 13]> = rows.iter().map(cells).collect();
     let mut widths = HEADER.map(|h| h.chars().count());
     for row in &cells {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -373,24 +444,29 @@ fn junit(outcome: &Outcome, rows: &[Row]) -> String {
         xml(&outcome.plan.package)
     );
     for row in rows.iter().filter(|r| r.step != "chain") {
-        let trials: Vec<&TrialRecord> =
-            outcome.trials.iter().filter(|t| t.step == row.step && t.model == row.model && !t.skipped).collect();
+        let trials: Vec<&TrialRecord> = outcome.trials.iter().filter(|t| row.holds(t) && !t.skipped).collect();
         let threshold_case = usize::from(row.min_pass_rate.is_some());
         let threshold_failed = usize::from(!row.meets_threshold());
         let _ = writeln!(
             out,
             "  <testsuite name=\"step {} · {}\" tests=\"{}\" failures=\"{}\">",
             xml(&row.step),
-            xml(&row.model),
+            xml(&row.variant),
             trials.len() + threshold_case,
             row.trials - row.passed + threshold_failed
+        );
+        // JUnit has no place for a row's numbers but a suite's properties.
+        let _ = writeln!(
+            out,
+            "    <properties><property name=\"runnable\" value=\"{}/{}\"/></properties>",
+            row.runnable_replies, row.replies
         );
         for trial in trials {
             let _ = write!(
                 out,
                 "    <testcase classname=\"step {}.{}\" name=\"seed {}\" time=\"{:.3}\"",
                 xml(&row.step),
-                xml(&row.model),
+                xml(&row.variant),
                 trial.seed,
                 trial.wall_ms as f64 / 1000.0
             );
@@ -411,7 +487,7 @@ fn junit(outcome: &Outcome, rows: &[Row]) -> String {
                 out,
                 "    <testcase classname=\"step {}.{}\" name=\"min_pass_rate\"",
                 xml(&row.step),
-                xml(&row.model)
+                xml(&row.variant)
             );
             if row.meets_threshold() {
                 let _ = writeln!(out, "/>");
@@ -446,6 +522,11 @@ mod tests {
             trial: "01.m0.s7".into(),
             step: "01".into(),
             model: "m".into(),
+            protocol: "blocks".into(),
+            constrain: Constrain::Off,
+            constrained: false,
+            replies: 3,
+            runnable_replies: 2,
             seed: 7,
             temperature: None,
             passed: false,
@@ -463,6 +544,14 @@ mod tests {
             output_hash: None,
             files: Vec::new(),
         };
-        assert_eq!(describe_trial(&trial), "01 · m · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s)");
+        assert_eq!(
+            describe_trial(&trial, false),
+            "01 · m · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s)"
+        );
+        // A run that compares protocols or constraints names the trial's.
+        assert_eq!(
+            describe_trial(&trial, true),
+            "01 · m · blocks · unconstrained · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s)"
+        );
     }
 }
