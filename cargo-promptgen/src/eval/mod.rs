@@ -910,6 +910,11 @@ impl Backend for Gated<'_> {
         self.inner.enforcement()
     }
 
+    // Questions about the prompt, like the one above, generate nothing: they need no turn.
+    fn prompt_size(&mut self, request: &ChatRequest<'_>) -> Option<codegen_core::backend::PromptSize> {
+        self.inner.prompt_size(request)
+    }
+
     fn chat(&mut self, request: &ChatRequest<'_>) -> Result<ChatResponse, BackendError> {
         self.turn(|backend| backend.chat(request))
     }

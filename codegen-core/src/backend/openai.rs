@@ -45,14 +45,14 @@ struct OpenAiWire {
     /// The output cap per reply, and the field that carries it.
     output_cap: (OutputCapField, u32),
     /// The server, once asked (see [`OpenAi::enforcement`]): it decides the constraint's fields.
-    server: Option<Option<Server>>,
+    server: Option<Option<Flavor>>,
 }
 
 #[cfg(feature = "http")]
 /// The OpenAI-compatible servers whose constraint fields are known, as `GET {base}/models`
 /// tells them apart (each model's `owned_by`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
+enum Flavor {
     /// llama.cpp's `llama-server` (`owned_by: "llamacpp"`).
     LlamaServer,
     /// llama-cpp-python's server (`owned_by: "me"`).
@@ -66,8 +66,8 @@ enum Server {
 }
 
 #[cfg(feature = "http")]
-impl Server {
-    fn from_models(body: &str) -> Option<Server> {
+impl Flavor {
+    fn from_models(body: &str) -> Option<Flavor> {
         let value: Value = serde_json::from_str(body).ok()?;
         let owners: Vec<String> = value["data"]
             .as_array()?
@@ -76,22 +76,22 @@ impl Server {
             .collect();
         let first = owners.first()?;
         Some(match first.as_str() {
-            "llamacpp" => Server::LlamaServer,
-            "me" => Server::LlamaCppPython,
-            "vllm" => Server::Vllm,
-            "library" | "ollama" => Server::Ollama,
-            "openai" | "system" | "openai-internal" => Server::OpenAi,
+            "llamacpp" => Flavor::LlamaServer,
+            "me" => Flavor::LlamaCppPython,
+            "vllm" => Flavor::Vllm,
+            "library" | "ollama" => Flavor::Ollama,
+            "openai" | "system" | "openai-internal" => Flavor::OpenAi,
             _ => return None,
         })
     }
 
     fn name(self) -> &'static str {
         match self {
-            Server::LlamaServer => "llama-server",
-            Server::LlamaCppPython => "llama-cpp-python",
-            Server::Vllm => "vLLM",
-            Server::Ollama => "Ollama (/v1)",
-            Server::OpenAi => "OpenAI",
+            Flavor::LlamaServer => "llama-server",
+            Flavor::LlamaCppPython => "llama-cpp-python",
+            Flavor::Vllm => "vLLM",
+            Flavor::Ollama => "Ollama (/v1)",
+            Flavor::OpenAi => "OpenAI",
         }
     }
 
@@ -101,15 +101,15 @@ impl Server {
         let (json_schema, grammar, tool_call, why_not) = match self {
             // Its `tool_choice: "required"` grammar lets prose come first with a template
             // that has no tool-call prefix of its own (ours), so a reply may still be text.
-            Server::LlamaServer => (true, true, false, Some("its required tool call still admits prose first")),
+            Flavor::LlamaServer => (true, true, false, Some("its required tool call still admits prose first")),
             // `chatml-function-calling` asserts `tool_choice == "auto"`.
-            Server::LlamaCppPython => {
+            Flavor::LlamaCppPython => {
                 (true, true, false, Some("its chatml-function-calling takes only tool_choice \"auto\""))
             }
-            Server::Vllm => (true, true, true, None),
+            Flavor::Vllm => (true, true, true, None),
             // Ollama drops tool calls when `format` and `tools` come together.
-            Server::Ollama => (true, false, false, Some("it drops tool calls under a format")),
-            Server::OpenAi => (true, false, true, None),
+            Flavor::Ollama => (true, false, false, Some("it drops tool calls under a format")),
+            Flavor::OpenAi => (true, false, true, None),
         };
         Enforcement {
             server: self.name().to_string(),
@@ -169,7 +169,7 @@ impl Backend for OpenAi {
     fn enforcement(&mut self) -> Enforcement {
         let url = format!("{}/models", self.base);
         let answer = self.exchange.probe(&url);
-        let server = answer.as_deref().ok().and_then(Server::from_models);
+        let server = answer.as_deref().ok().and_then(Flavor::from_models);
         self.wire.server = Some(server);
         // A server that cannot be told apart runs as it did before constrained decoding,
         // without a note on every step: `cargo promptgen log` shows which steps were constrained.
@@ -183,7 +183,7 @@ impl Backend for OpenAi {
     /// llama-server renders the prompt with its template (`POST /apply-template`, the chat
     /// request as it is), counts it (`POST /tokenize`) and says its context (`GET /props`).
     fn prompt_size(&mut self, request: &ChatRequest<'_>) -> Option<PromptSize> {
-        if self.wire.server.flatten() != Some(Server::LlamaServer) {
+        if self.wire.server.flatten() != Some(Flavor::LlamaServer) {
             return None;
         }
         // Its own endpoints live beside `/v1`.
@@ -228,7 +228,7 @@ impl Wire for OpenAiWire {
         let server = self.server.flatten();
         let mut constrained = ConstraintFields::default();
         match (request.constraint, server) {
-            (Some(Constraint::JsonSchema(schema)), Some(Server::LlamaCppPython)) => {
+            (Some(Constraint::JsonSchema(schema)), Some(Flavor::LlamaCppPython)) => {
                 // Its `response_format` takes a schema only in the `json_object` form.
                 constrained.response_format =
                     Some(RawValue::from_string(format!("{{\"type\":\"json_object\",\"schema\":{schema}}}"))?);
@@ -238,10 +238,10 @@ impl Wire for OpenAiWire {
                     "{{\"type\":\"json_schema\",\"json_schema\":{{\"name\":\"tool_call\",\"schema\":{schema}}}}}"
                 ))?);
             }
-            (Some(Constraint::Grammar(grammar)), Some(Server::LlamaServer | Server::LlamaCppPython)) => {
+            (Some(Constraint::Grammar(grammar)), Some(Flavor::LlamaServer | Flavor::LlamaCppPython)) => {
                 constrained.grammar = Some(grammar);
             }
-            (Some(Constraint::Grammar(grammar)), Some(Server::Vllm)) => {
+            (Some(Constraint::Grammar(grammar)), Some(Flavor::Vllm)) => {
                 constrained.structured_outputs = Some(StructuredOutputs { grammar });
             }
             _ => {}
