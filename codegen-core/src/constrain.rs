@@ -239,6 +239,10 @@ pub struct Admissible {
     pub finish: bool,
     /// Whether the step has a `check` tool.
     pub check: bool,
+    /// Every declared output has been written in this step and nothing checks them: `finish`
+    /// is then the only call that moves the step on (a small model otherwise rewrites the same
+    /// file until its budget is spent), so it is the only one admitted.
+    pub only_finish: bool,
     /// The most characters a file's content may have in one reply: the reply's token cap
     /// less room for the call around it (a token is at least one character), so that a
     /// constrained reply always ends within the cap.
@@ -270,6 +274,9 @@ impl Admissible {
 
     /// The tools that may be called now, in order.
     fn tool_names(&self) -> Vec<&'static str> {
+        if self.only_finish && self.finish {
+            return vec![tools::FINISH];
+        }
         let mut names = vec![tools::WRITE_FILE];
         // With nothing to read, reading and listing can only waste a call.
         if self.readable.as_ref().is_none_or(|files| !files.is_empty()) {
@@ -399,6 +406,10 @@ impl Admissible {
             commands.push("list");
             rules.push("list ::= \"@@@list()\"".to_string());
         }
+        if self.only_finish && self.finish {
+            commands.clear();
+            rules.clear();
+        }
         if self.finish {
             commands.push("done");
             rules.push(format!("done ::= \"@@@done(\" [^()\\n]{{1,{}}} \")\"", self.summary_chars()));
@@ -502,6 +513,7 @@ mod tests {
             readable: Some(vec!["src/lib.rs".into()]),
             finish,
             check: false,
+            only_finish: false,
             max_content_chars: 100,
         }
     }
@@ -632,6 +644,16 @@ mod tests {
         );
         let unknown = plan(ToolProtocol::Json, &Enforcement::nothing(Some("the server did not say what it is".into())));
         assert!(unknown.note.unwrap().contains("nothing constrained this step's replies: the server did not say"));
+    }
+
+    #[test]
+    fn once_every_output_is_written_and_nothing_checks_it_only_finish_is_admitted() {
+        let mut done = admissible(true);
+        done.only_finish = true;
+        assert_eq!(branches(&done.json_schema()).len(), 1);
+        assert!(done.json_grammar().starts_with("root ::= call-finish\n"), "{}", done.json_grammar());
+        assert!(done.blocks_grammar().starts_with("root ::= done\n"), "{}", done.blocks_grammar());
+        assert_eq!(done.tools().iter().map(|s| s.name).collect::<Vec<_>>(), ["finish"]);
     }
 
     #[test]

@@ -604,11 +604,15 @@ impl<'a> Run<'a> {
             _ => None,
         };
         let cap = self.max_output_tokens.unwrap_or(crate::backend::BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS);
+        let written = self.sandbox.written();
         Admissible {
             writable: self.step.outputs.clone(),
             readable,
             finish: self.missing_outputs().is_empty(),
             check: self.check.is_some(),
+            only_finish: self.check.is_none()
+                && !self.step.outputs.is_empty()
+                && self.step.outputs.iter().all(|output| written.iter().any(|w| w == output)),
             max_content_chars: Admissible::content_chars_for(cap),
         }
     }
