@@ -10,6 +10,7 @@
 #                                             # then a constrained eval of a trivial step on each
 #   bash scripts/real-llm.sh serve KIND PORT  # run one server in the foreground (the tests use it)
 #   bash scripts/real-llm.sh install          # only install what is missing
+#   bash scripts/real-llm.sh constrained-eval # only the constrained eval of the trivial step, on each
 #   bash scripts/real-llm.sh eval [ARGS...]   # `cargo promptgen eval -p example-app ARGS` against
 #                                             # each server with SmolLM2 (docs/real-servers.md's tables)
 #   SERVERS=llama-cpp-python bash scripts/real-llm.sh [eval ...]
@@ -273,7 +274,7 @@ backend = "openai"
 model = "smollm2"
 seed = 1
 temperature = 0.7
-max_model_calls = 3
+max_model_calls = 2
 max_output_tokens = 96
 request_timeout_secs = 300
 check = "rustc"
@@ -364,6 +365,18 @@ if [ "${1:-}" = eval ]; then
         [ "$status" -eq 130 ] && exit 130
         kill "$SERVER_PID" 2>/dev/null || true
     done
+    exit 0
+fi
+# Only the constrained eval of the trivial step, against each server (its tables in
+# docs/real-servers.md and the README).
+if [ "${1:-}" = constrained-eval ]; then
+    for kind in $SERVERS; do
+        start_server "$kind"
+        smoke_test "$kind"
+        constrained_eval "$kind"
+        kill "$SERVER_PID" 2>/dev/null || true
+    done
+    for line in "${SUMMARY[@]}"; do say "  $line"; done
     exit 0
 fi
 say "model $(basename "$(model_file)") ($(du -h "$(model_file)" | cut -f1)), context $CONTEXT tokens"
