@@ -396,8 +396,7 @@ check = "rustc"
 /// Whether a request is in the `blocks` protocol: constrained by a grammar, or told about `@@@`
 /// commands by its system prompt (else it is in `json`: nothing here offers native tools).
 fn is_blocks(body: &Value) -> bool {
-    body.get("grammar").is_some()
-        || body["messages"][0]["content"].as_str().is_some_and(|system| system.contains("@@@write_begin"))
+    body["messages"][0]["content"].as_str().is_some_and(|system| system.contains("@@@write_begin"))
 }
 
 /// Whether a request carries a constraint, as llama-server takes one.
@@ -527,8 +526,9 @@ fn protocols_and_constraints_are_rows_of_their_own_and_only_constrained_trials_s
         assert_eq!(trial["constrain"], if name.contains(".on.") { "auto" } else { "off" }, "{trial:#}");
     }
 
-    // What the server saw: constrained requests carry the protocol's constraint (a JSON schema
-    // for json, a grammar for blocks), unconstrained ones none; no request offers tools.
+    // What the server saw: constrained requests carry the protocol's constraint (llama-server
+    // takes a grammar for both: one of JSON calls, one of `@@@` commands), unconstrained ones
+    // none; no request offers tools.
     let sent = bodies(&server.requests());
     assert_eq!(sent.len(), 2 * (4 + 5), "{}", text(&out));
     assert!(sent.iter().all(|b| b.get("tools").is_none()), "json and blocks offer no native tools");
@@ -537,13 +537,13 @@ fn protocols_and_constraints_are_rows_of_their_own_and_only_constrained_trials_s
     };
     assert_eq!((count(false, true), count(false, false), count(true, true), count(true, false)), (4, 5, 4, 5));
     for body in sent.iter().filter(|b| is_constrained(b)) {
+        let grammar = body["grammar"].as_str().unwrap_or_else(|| panic!("{body}"));
         if is_blocks(body) {
-            assert!(body["grammar"].as_str().unwrap().starts_with("root ::= write"), "{body}");
-            assert!(body.get("response_format").is_none(), "{body}");
+            assert!(grammar.starts_with("root ::= write") || grammar.starts_with("root ::= done"), "{body}");
         } else {
-            assert_eq!(body["response_format"]["type"], "json_schema", "{body}");
-            assert!(body.get("grammar").is_none(), "{body}");
+            assert!(grammar.starts_with("root ::= call-"), "{body}");
         }
+        assert!(body.get("response_format").is_none(), "{body}");
     }
 
     // The table of every format shows `runnable` after `distinct`; a resumed run keeps its
@@ -575,7 +575,7 @@ fn protocols_and_constraints_are_rows_of_their_own_and_only_constrained_trials_s
 
     // Without the flags: a row per model as before, named by the model, and the trial names of
     // runs made before them. The step's `native` protocol, which llama-server cannot require,
-    // is carried in `json` under a schema: constrained, as its record says.
+    // is carried in `json` under a grammar: constrained, as its record says.
     let requests = server.requests().len();
     let out = promptgen_openai(&package, &server, &["eval", "--seeds", "1", "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -591,7 +591,7 @@ fn protocols_and_constraints_are_rows_of_their_own_and_only_constrained_trials_s
     assert_eq!(trials[0]["trial"], "01.m0.s1");
     assert_eq!((trials[0]["protocol"].as_str(), trials[0]["constrained"].as_bool()), (Some("native"), Some(true)));
     let sent = bodies(&server.requests()[requests..]);
-    assert!(sent.iter().all(|b| b["response_format"]["type"] == "json_schema"), "{sent:?}");
+    assert!(sent.iter().all(|b| b["grammar"].as_str().is_some_and(|g| g.starts_with("root ::= call-"))), "{sent:?}");
     let out = promptgen_openai(&package, &server, &["eval", "--resume", plain["run"].as_str().unwrap()]);
     let table = stdout(&out);
     assert!(table.lines().nth(1).is_some_and(|l| l.starts_with("01    fake-coder  1 ")), "{table}");

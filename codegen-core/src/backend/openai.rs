@@ -167,13 +167,18 @@ impl Backend for OpenAi {
     /// Asks `GET {base}/models` which server this is (each model's `owned_by`); a server that
     /// does not say, or is not one whose constraint fields are known, enforces nothing.
     fn enforcement(&mut self) -> Enforcement {
-        let url = format!("{}/models", self.base);
-        let answer = self.exchange.probe(&url);
-        let server = answer.as_deref().ok().and_then(Flavor::from_models);
-        self.wire.server = Some(server);
+        // Asked once per backend: a chain's steps share it.
+        let server = match self.wire.server {
+            Some(known) => known,
+            None => {
+                let answer = self.exchange.probe(&format!("{}/models", self.base));
+                let server = answer.ok().as_deref().and_then(Flavor::from_models);
+                self.wire.server = Some(server);
+                server
+            }
+        };
         // A server that cannot be told apart runs as it did before constrained decoding,
         // without a note on every step: `cargo promptgen log` shows which steps were constrained.
-        let _ = answer;
         match server {
             Some(server) => server.enforcement(self.wire.output_cap.1),
             None => Enforcement::nothing(None),

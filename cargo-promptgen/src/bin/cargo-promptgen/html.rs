@@ -328,7 +328,11 @@ fn event_html(event: &Event) -> String {
         Event::ModelCall { number, usage, finish_reason, constraint, volatile, .. } => format!(
             "<p class=\"call\">call {number} · {} prompt{} + {} completion tokens{}{}{}</p>\n",
             usage.prompt_tokens.map_or("?".into(), |t| t.to_string()),
-            volatile.as_ref().and_then(|v| v.prompt_cache).map(crate::log::prompt_cache_text).unwrap_or_default(),
+            volatile
+                .as_ref()
+                .and_then(|v| v.prompt_cache)
+                .map(|cache| crate::log::prompt_cache_text(cache, usage.prompt_tokens))
+                .unwrap_or_default(),
             usage.completion_tokens.map_or("?".into(), |t| t.to_string()),
             constraint.as_ref().map(|d| format!(" · constrained ({})", escape(d))).unwrap_or_default(),
             volatile.as_ref().map(|v| format!(" · {:.1}s", v.duration.as_secs_f64())).unwrap_or_default(),

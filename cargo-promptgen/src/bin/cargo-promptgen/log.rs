@@ -153,7 +153,11 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
                 totals.1 += usage.prompt_tokens.unwrap_or(0);
                 totals.2 += usage.completion_tokens.unwrap_or(0);
                 let mut parts = vec![format!("call {number}/{budget}")];
-                let cache = volatile.as_ref().and_then(|v| v.prompt_cache).map(prompt_cache_text).unwrap_or_default();
+                let cache = volatile
+                    .as_ref()
+                    .and_then(|v| v.prompt_cache)
+                    .map(|cache| prompt_cache_text(cache, usage.prompt_tokens))
+                    .unwrap_or_default();
                 parts.push(format!(
                     "{} prompt{cache} + {} completion tokens",
                     count(usage.prompt_tokens),
@@ -247,11 +251,14 @@ fn write_events(out: &mut dyn Write, shown: &Shown, limits: Limits) -> std::io::
     )
 }
 
-/// What the server read of a prompt: ` (120 read, the rest cached)`, ` (all read)`.
-pub(crate) fn prompt_cache_text(cache: codegen_core::backend::PromptCache) -> String {
+/// What the server read of a prompt of `prompt_tokens`: ` (120 read, the rest cached)`,
+/// ` (all read)`; nothing when it only says it read the whole prompt (Ollama counts what it
+/// read, so a prompt read whole tells nothing more).
+pub(crate) fn prompt_cache_text(cache: codegen_core::backend::PromptCache, prompt_tokens: Option<u64>) -> String {
     match cache.reused {
         Some(0) => " (all read)".to_string(),
-        Some(_) | None => format!(" ({} read, the rest cached)", cache.read),
+        None if Some(cache.read) == prompt_tokens => String::new(),
+        _ => format!(" ({} read, the rest cached)", cache.read),
     }
 }
 
