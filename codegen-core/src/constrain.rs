@@ -380,49 +380,47 @@ impl Admissible {
         if rules.iter().any(|rule| rule.contains("jpath")) {
             rules.push("jpath ::= \"\\\"\" [A-Za-z0-9_] [A-Za-z0-9_./-]{0,199} \"\\\"\"".to_string());
         }
-        let mut out = format!("root ::= {}\n", calls.join(" | "));
-        for rule in rules {
-            out.push_str(&rule);
-            out.push('\n');
-        }
-        out
+        gbnf(&calls, rules)
     }
 
-    /// The GBNF grammar of one `blocks`-protocol reply: exactly one command, a write's content
-    /// free of `@@@` and at most [`Admissible::max_content_chars`] pieces long.
+    /// The GBNF grammar of one `blocks`-protocol reply: exactly one command, of the tools that
+    /// may be called now (blocks has no `check` command), a write's content free of `@@@` and
+    /// at most [`Admissible::max_content_chars`] pieces long.
     pub fn blocks_grammar(&self) -> String {
-        let mut commands = vec!["write"];
-        let mut rules = vec![
-            "write ::= \"@@@write_begin(\" writable \")\\n\" content \"\\n@@@write_end\"".to_string(),
-            format!("writable ::= {}", path_rule(Some(&self.writable))),
-            // No `@@@` inside a file: it would end the block early.
-            format!("content ::= piece{{0,{}}}", self.max_content_chars),
-            "piece ::= [^@] | \"@\" [^@] | \"@@\" [^@]".to_string(),
-        ];
-        if self.readable.as_ref().is_none_or(|files| !files.is_empty()) {
-            commands.push("read");
-            rules.push("read ::= \"@@@read(\" readable \")\"".to_string());
-            rules.push(format!("readable ::= {}", path_rule(self.readable.as_ref())));
-            commands.push("list");
-            rules.push("list ::= \"@@@list()\"".to_string());
-        }
-        if self.only_finish && self.finish {
-            commands.clear();
-            rules.clear();
-        }
-        if self.finish {
-            commands.push("done");
-            rules.push(format!("done ::= \"@@@done(\" [^()\\n]{{1,{}}} \")\"", self.summary_chars()));
+        let mut commands = Vec::new();
+        let mut rules = Vec::new();
+        for tool in self.tool_names() {
+            match tool {
+                tools::WRITE_FILE => {
+                    commands.push("write".to_string());
+                    rules.push(
+                        "write ::= \"@@@write_begin(\" writable \")\\n\" content \"\\n@@@write_end\"".to_string(),
+                    );
+                    rules.push(format!("writable ::= {}", path_rule(Some(&self.writable))));
+                    // No `@@@` inside a file: it would end the block early.
+                    rules.push(format!("content ::= piece{{0,{}}}", self.max_content_chars));
+                    rules.push("piece ::= [^@] | \"@\" [^@] | \"@@\" [^@]".to_string());
+                }
+                tools::READ_FILE => {
+                    commands.push("read".to_string());
+                    rules.push("read ::= \"@@@read(\" readable \")\"".to_string());
+                    rules.push(format!("readable ::= {}", path_rule(self.readable.as_ref())));
+                }
+                tools::LIST_FILES => {
+                    commands.push("list".to_string());
+                    rules.push("list ::= \"@@@list()\"".to_string());
+                }
+                tools::FINISH => {
+                    commands.push("done".to_string());
+                    rules.push(format!("done ::= \"@@@done(\" [^()\\n]{{1,{}}} \")\"", self.summary_chars()));
+                }
+                _ => {}
+            }
         }
         if rules.iter().any(|rule| rule.contains(" path")) {
             rules.push("path ::= [A-Za-z0-9_] [A-Za-z0-9_./-]{0,199}".to_string());
         }
-        let mut out = format!("root ::= {}\n", commands.join(" | "));
-        for rule in rules {
-            out.push_str(&rule);
-            out.push('\n');
-        }
-        out
+        gbnf(&commands, rules)
     }
 
     /// The tool definitions of a natively constrained turn: the step's tools, less those that
@@ -447,6 +445,16 @@ impl Admissible {
             })
             .collect()
     }
+}
+
+/// A grammar whose root is one of `alternatives`, with `rules` after it, a line each.
+fn gbnf(alternatives: &[String], rules: Vec<String>) -> String {
+    let mut out = format!("root ::= {}\n", alternatives.join(" | "));
+    for rule in rules {
+        out.push_str(&rule);
+        out.push('\n');
+    }
+    out
 }
 
 /// A GBNF rule body for one of `files` as JSON strings, or any readable-looking path as one.

@@ -414,8 +414,8 @@ impl Exchange {
 
     /// POSTs JSON `body` to `url` once: the body of a 2xx answer, else `None`.
     pub fn post_text(&self, url: &str, body: Vec<u8>) -> Option<String> {
-        let reply = self.http.post_once(url, self.bearer.as_deref(), body, 8 << 20).ok()?;
-        (200..300).contains(&reply.status).then_some(reply.body)
+        let (status, body) = self.http.post_once(url, self.bearer.as_deref(), body, 8 << 20).ok()?;
+        (200..300).contains(&status).then_some(body)
     }
 
     /// GETs `url` from the same server (with the same key), to find out what it is: the body

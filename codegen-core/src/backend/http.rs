@@ -313,46 +313,45 @@ impl HttpClient {
         self.runtime.block_on(async { self.cancel.guard(tokio::time::sleep(wait)).await }).is_none()
     }
 
-    /// POSTs JSON `body` once, without retries, within the request timeout (for questions
-    /// about a prompt, never a model call).
+    /// POSTs JSON `body` once, without retries, within the request timeout: the status and
+    /// the body (at most `max_bytes`), or why there was none. For questions about a prompt,
+    /// never a model call.
     pub fn post_once(
         &self,
         url: &str,
         bearer: Option<&str>,
         body: Vec<u8>,
         max_bytes: u64,
-    ) -> Result<HttpReply, String> {
-        let mut request = self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
-        if let Some(key) = bearer {
-            request = request.bearer_auth(key);
-        }
-        match self.run(self.config.request_timeout, async {
-            let response = request.send().await.map_err(BodyError::Transport)?;
-            let status = response.status().as_u16();
-            read_body(response, max_bytes).await.map(|body| (status, body))
-        }) {
-            Ok(Ok((status, body))) => Ok(HttpReply { status, body, retries: Vec::new() }),
-            Ok(Err(BodyError::TooLarge)) => Err(format!("its answer was over {max_bytes} bytes")),
-            Ok(Err(BodyError::Transport(err))) => Err(error_chain(&err)),
-            Err(Stop::Elapsed) => Err("no answer in time".to_string()),
-            Err(Stop::Cancelled) => Err("cancelled".to_string()),
-        }
+    ) -> Result<(u16, String), String> {
+        let request = self.client.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
+        self.once(request, bearer, self.config.request_timeout, max_bytes)
     }
 
     /// GETs `url` once, without retries, within `limit`: the status and the body (at most
     /// 1 MiB), or why there was none. For asking a server what it is; never a model call.
     pub fn probe(&self, url: &str, bearer: Option<&str>, limit: Duration) -> Result<(u16, String), String> {
-        let mut request = self.client.get(url);
+        self.once(self.client.get(url), bearer, limit, 1 << 20)
+    }
+
+    /// Sends `request` once, without retries, within `limit`, and reads at most `max_bytes` of
+    /// its answer.
+    fn once(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        bearer: Option<&str>,
+        limit: Duration,
+        max_bytes: u64,
+    ) -> Result<(u16, String), String> {
         if let Some(key) = bearer {
             request = request.bearer_auth(key);
         }
         match self.run(limit, async {
             let response = request.send().await.map_err(BodyError::Transport)?;
             let status = response.status().as_u16();
-            read_body(response, 1 << 20).await.map(|body| (status, body))
+            read_body(response, max_bytes).await.map(|body| (status, body))
         }) {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(BodyError::TooLarge)) => Err("its answer was over 1 MiB".to_string()),
+            Ok(Err(BodyError::TooLarge)) => Err(format!("its answer was over {max_bytes} bytes")),
             Ok(Err(BodyError::Transport(err))) => Err(error_chain(&err)),
             Err(Stop::Elapsed) => Err(format!("no answer within {} s", limit.as_secs())),
             Err(Stop::Cancelled) => Err("cancelled".to_string()),

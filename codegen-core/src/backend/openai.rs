@@ -37,6 +37,8 @@ pub struct OpenAi {
     base: String,
     wire: OpenAiWire,
     exchange: Exchange,
+    /// llama-server's context, once `GET /props` said it (see `prompt_size`).
+    context: Option<u64>,
 }
 
 #[cfg(feature = "http")]
@@ -145,7 +147,7 @@ impl OpenAi {
         let api_key = config.api_key.clone().or_else(|| std::env::var("OPENAI_API_KEY").ok()).and_then(non_empty);
         let output_cap = (OutputCapField::for_base_url(&base), config.max_output_tokens);
         let exchange = Exchange::new(BackendKind::OpenAi, format!("{base}/chat/completions"), api_key, config)?;
-        Ok(OpenAi { base, wire: OpenAiWire { output_cap, server: None }, exchange })
+        Ok(OpenAi { base, wire: OpenAiWire { output_cap, server: None }, exchange, context: None })
     }
 
     /// The base URL, as resolved.
@@ -193,8 +195,16 @@ impl Backend for OpenAi {
         }
         // Its own endpoints live beside `/v1`.
         let root = self.base.strip_suffix("/v1").unwrap_or(&self.base).to_string();
-        let props: Value = serde_json::from_str(&self.exchange.probe(&format!("{root}/props")).ok()?).ok()?;
-        let context = props["default_generation_settings"]["n_ctx"].as_u64().or_else(|| props["n_ctx"].as_u64())?;
+        // The context does not change while the server runs: asked once per backend.
+        let context = match self.context {
+            Some(context) => context,
+            None => {
+                let props: Value = serde_json::from_str(&self.exchange.probe(&format!("{root}/props")).ok()?).ok()?;
+                let context =
+                    props["default_generation_settings"]["n_ctx"].as_u64().or_else(|| props["n_ctx"].as_u64())?;
+                *self.context.insert(context)
+            }
+        };
         let rendered: Value =
             serde_json::from_str(&self.exchange.post_beside(&self.wire, request, &format!("{root}/apply-template"))?)
                 .ok()?;

@@ -2,9 +2,7 @@
 //! fields per backend and protocol, the per-turn narrowing, the fallback when a server refuses
 //! the constraint, and what the transcript records.
 
-use std::time::Duration;
-
-use codegen_core::backend::{Backend, BackendConfig, BackendKind, HttpConfig, RetryPolicy};
+use codegen_core::backend::{Backend, BackendKind};
 use codegen_core::constrain::ConstraintKind;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{Event, Replies};
@@ -12,19 +10,11 @@ use codegen_core::{Constrain, Step, StepOutput, ToolProtocol};
 use promptgen_tests::{FakeCall, FakeLlm, Identity, Reply, Turn};
 use serde_json::{Value, json};
 
-use crate::support::base_url;
+use crate::support::fake_server_config;
 
 fn backend(kind: BackendKind, server: &FakeLlm, max_output_tokens: u32) -> Box<dyn Backend> {
-    let mut config = BackendConfig::new(kind);
-    config.base_url = Some(base_url(kind, server));
+    let mut config = fake_server_config(kind, server);
     config.max_output_tokens = max_output_tokens;
-    config.http = HttpConfig {
-        connect_timeout: Duration::from_secs(2),
-        request_timeout: Duration::from_secs(5),
-        first_byte_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(5),
-        retry: RetryPolicy { initial_backoff: Duration::from_millis(5), ..RetryPolicy::none() },
-    };
     config.open().unwrap()
 }
 

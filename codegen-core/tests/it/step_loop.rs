@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use codegen_core::backend::{Backend, BackendConfig, BackendKind, HttpConfig, RetryPolicy};
+use codegen_core::backend::{Backend, BackendConfig, BackendKind};
 use codegen_core::chat::Role;
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::{CallSource, EndOutcome, Event, Volatility};
@@ -12,19 +12,10 @@ use codegen_core::{Error, Step, StepFailure, StepOutput, ToolProtocol};
 use promptgen_tests::{ArgsShape, FakeCall, FakeLlm, Reply, Turn};
 use serde_json::{Value, json};
 
-use crate::support::base_url;
+use crate::support::fake_server_config;
 
 fn backend(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
-    let mut config = BackendConfig::new(kind);
-    config.base_url = Some(base_url(kind, server));
-    config.http = HttpConfig {
-        connect_timeout: Duration::from_secs(2),
-        request_timeout: Duration::from_secs(5),
-        first_byte_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(5),
-        retry: RetryPolicy { initial_backoff: Duration::from_millis(5), ..RetryPolicy::none() },
-    };
-    config.open().unwrap()
+    fake_server_config(kind, server).open().unwrap()
 }
 
 struct Setup {

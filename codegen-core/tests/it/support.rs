@@ -2,7 +2,9 @@
 
 use std::process::Command;
 
-use codegen_core::backend::BackendKind;
+use std::time::Duration;
+
+use codegen_core::backend::{BackendConfig, BackendKind, HttpConfig, RetryPolicy};
 use codegen_core::chat::{Arguments, Message};
 use promptgen_tests::FakeLlm;
 use serde_json::Value;
@@ -14,6 +16,21 @@ pub fn base_url(kind: BackendKind, server: &FakeLlm) -> String {
         BackendKind::OpenAi => format!("{}/v1", server.url()),
         _ => server.url(),
     }
+}
+
+/// A configuration of `kind` at `server` with limits short enough for tests (5 s) and retries
+/// that wait 5 ms.
+pub fn fake_server_config(kind: BackendKind, server: &FakeLlm) -> BackendConfig {
+    let mut config = BackendConfig::new(kind);
+    config.base_url = Some(base_url(kind, server));
+    config.http = HttpConfig {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+        first_byte_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(5),
+        retry: RetryPolicy { initial_backoff: Duration::from_millis(5), ..RetryPolicy::none() },
+    };
+    config
 }
 
 /// The history of one request: a system prompt and a user turn.
