@@ -237,7 +237,8 @@ pub struct Admissible {
     pub readable: Option<Vec<String>>,
     /// Whether `finish` would be accepted: every declared output exists.
     pub finish: bool,
-    /// Whether the step has a `check` tool.
+    /// Whether the step has a `check` tool (admitted, like `finish`, once every declared output
+    /// exists).
     pub check: bool,
     /// Every declared output has been written in this step and nothing checks them: `finish`
     /// is then the only call that moves the step on (a small model otherwise rewrites the same
@@ -283,7 +284,9 @@ impl Admissible {
             names.push(tools::READ_FILE);
             names.push(tools::LIST_FILES);
         }
-        if self.check {
+        // Checking a tree that still lacks an output can only fail (seen: a model asking for
+        // `cargo test` four times before writing anything): like `finish`, once they exist.
+        if self.check && self.finish {
             names.push(tools::CHECK);
         }
         if self.finish {
@@ -611,6 +614,8 @@ mod tests {
         let mut checked = admissible(true);
         checked.check = true;
         assert_eq!(names(&checked), ["read_file", "write_file", "list_files", "finish", "check"]);
+        checked.finish = false;
+        assert_eq!(names(&checked), ["read_file", "write_file", "list_files"], "no check before the outputs exist");
         let write = admissible(false).tools().into_iter().find(|s| s.name == "write_file").unwrap();
         assert_eq!(write.parameters["properties"]["path"]["enum"], json!(["a.rs"]));
     }
