@@ -232,6 +232,9 @@ pub struct Admissible {
     /// The files `write_file` may write: the declared outputs; empty when the step declares
     /// none (then any relative path).
     pub writable: Vec<String>,
+    /// The files `edit_file` may change: the declared outputs that exist now (none, when the
+    /// step declares none: then no edits are admitted).
+    pub editable: Vec<String>,
     /// The files `read_file` may read, when there are at most [`Admissible::MAX_LISTED`];
     /// `None` when there are more (then a pattern that excludes absolute and parent paths).
     pub readable: Option<Vec<String>>,
@@ -273,12 +276,21 @@ impl Admissible {
         MAX_SUMMARY_CHARS.min(self.max_content_chars)
     }
 
+    /// The bound of each of an edit's `old` and `new`: half a file's, since both are in one
+    /// reply.
+    fn edit_chars(&self) -> u32 {
+        (self.max_content_chars / 2).max(8)
+    }
+
     /// The tools that may be called now, in order.
     fn tool_names(&self) -> Vec<&'static str> {
         if self.only_finish && self.finish {
             return vec![tools::FINISH];
         }
         let mut names = vec![tools::WRITE_FILE];
+        if !self.editable.is_empty() {
+            names.push(tools::EDIT_FILE);
+        }
         // With nothing to read, reading and listing can only waste a call.
         if self.readable.as_ref().is_none_or(|files| !files.is_empty()) {
             names.push(tools::READ_FILE);
@@ -324,6 +336,14 @@ impl Admissible {
                 vec![("path", self.path_schema(Some(&self.writable))), ("content", string(self.max_content_chars))],
                 vec!["path", "content"],
             ),
+            tools::EDIT_FILE => (
+                vec![
+                    ("path", self.path_schema(Some(&self.editable))),
+                    ("old", format!("{{\"type\":\"string\",\"minLength\":1,\"maxLength\":{}}}", self.edit_chars())),
+                    ("new", string(self.edit_chars())),
+                ],
+                vec!["path", "old", "new"],
+            ),
             tools::READ_FILE => (vec![("path", self.path_schema(self.readable.as_ref()))], vec!["path"]),
             tools::LIST_FILES => (Vec::new(), Vec::new()),
             tools::FINISH => (vec![("summary", string(self.summary_chars()))], vec!["summary"]),
@@ -365,6 +385,17 @@ impl Admissible {
                     rules.push(format!("writable ::= {}", json_path_rule(Some(&self.writable))));
                     format!("{} writable {} content", gbnf_literal("\"path\": "), gbnf_literal(", \"content\": "))
                 }
+                tools::EDIT_FILE => {
+                    rules.push(format!("editable ::= {}", json_path_rule(Some(&self.editable))));
+                    rules.push(format!("old ::= \"\\\"\" jchar{{1,{}}} \"\\\"\"", self.edit_chars()));
+                    rules.push(format!("new ::= \"\\\"\" jchar{{0,{}}} \"\\\"\"", self.edit_chars()));
+                    format!(
+                        "{} editable {} old {} new",
+                        gbnf_literal("\"path\": "),
+                        gbnf_literal(", \"old\": "),
+                        gbnf_literal(", \"new\": ")
+                    )
+                }
                 tools::READ_FILE => {
                     rules.push(format!("readable ::= {}", json_path_rule(self.readable.as_ref())));
                     format!("{} readable", gbnf_literal("\"path\": "))
@@ -402,7 +433,23 @@ impl Admissible {
                     rules.push(format!("writable ::= {}", path_rule(Some(&self.writable))));
                     // No `@@@` inside a file: it would end the block early.
                     rules.push(format!("content ::= piece{{0,{}}}", self.max_content_chars));
-                    rules.push("piece ::= [^@] | \"@\" [^@] | \"@@\" [^@]".to_string());
+                    if !rules.iter().any(|rule| rule.starts_with("piece ::=")) {
+                        rules.push("piece ::= [^@] | \"@\" [^@] | \"@@\" [^@]".to_string());
+                    }
+                }
+                tools::EDIT_FILE => {
+                    commands.push("edit".to_string());
+                    // One search/replace pair: the lines to find, then their replacement.
+                    rules.push(
+                        "edit ::= \"@@@edit_begin(\" editable \")\\n<<<<<<< SEARCH\\n\" old \"\\n=======\\n\" new \">>>>>>> REPLACE\\n@@@edit_end\""
+                            .to_string(),
+                    );
+                    rules.push(format!("editable ::= {}", path_rule(Some(&self.editable))));
+                    rules.push(format!("old ::= piece{{1,{}}}", self.edit_chars()));
+                    rules.push(format!("new ::= (piece{{0,{}}} \"\\n\")?", self.edit_chars()));
+                    if !rules.iter().any(|rule| rule.starts_with("piece ::=")) {
+                        rules.push("piece ::= [^@] | \"@\" [^@] | \"@@\" [^@]".to_string());
+                    }
                 }
                 tools::READ_FILE => {
                     commands.push("read".to_string());
@@ -436,6 +483,7 @@ impl Admissible {
             .map(|mut spec| {
                 let files = match spec.name {
                     tools::WRITE_FILE => Some(&self.writable),
+                    tools::EDIT_FILE => Some(&self.editable),
                     tools::READ_FILE => self.readable.as_ref(),
                     _ => None,
                 };
@@ -521,6 +569,7 @@ mod tests {
     fn admissible(finish: bool) -> Admissible {
         Admissible {
             writable: vec!["a.rs".into()],
+            editable: Vec::new(),
             readable: Some(vec!["src/lib.rs".into()]),
             finish,
             check: false,
@@ -667,6 +716,35 @@ mod tests {
         assert!(done.json_grammar().starts_with("root ::= call-finish\n"), "{}", done.json_grammar());
         assert!(done.blocks_grammar().starts_with("root ::= done\n"), "{}", done.blocks_grammar());
         assert_eq!(done.tools().iter().map(|s| s.name).collect::<Vec<_>>(), ["finish"]);
+    }
+
+    #[test]
+    fn an_edit_is_admitted_once_its_file_exists_with_both_sides_bounded() {
+        let mut editing = admissible(true);
+        editing.editable = vec!["a.rs".into()];
+        let schema = editing.json_schema();
+        let edit = &branches(&schema)[1];
+        assert_eq!(edit["properties"]["tool"]["const"], "edit_file");
+        let arguments = &edit["properties"]["arguments"];
+        assert_eq!(arguments["required"], json!(["path", "old", "new"]));
+        assert_eq!(arguments["properties"]["path"]["enum"], json!(["a.rs"]));
+        assert_eq!(
+            (arguments["properties"]["old"]["minLength"].clone(), arguments["properties"]["old"]["maxLength"].clone()),
+            (json!(1), json!(50))
+        );
+        let grammar = editing.json_grammar();
+        assert!(grammar.starts_with("root ::= call-write-file | call-edit-file |"), "{grammar}");
+        assert!(grammar.contains(r#"call-edit-file ::= "{\"tool\": \"edit_file\", \"arguments\": {" "\"path\": " editable ", \"old\": " old ", \"new\": " new "}}""#), "{grammar}");
+        assert!(grammar.contains(r#"old ::= "\"" jchar{1,50} "\"""#), "{grammar}");
+        let blocks = editing.blocks_grammar();
+        assert!(blocks.contains("old ::= piece{1,50}\nnew ::= (piece{0,50} \"\\n\")?\n"), "{blocks}");
+        assert_eq!(blocks.matches("piece ::=").count(), 1, "{blocks}");
+        assert_eq!(
+            editing.tools().iter().map(|s| s.name).collect::<Vec<_>>(),
+            ["read_file", "write_file", "edit_file", "list_files", "finish"]
+        );
+        // Nothing exists yet: no edit.
+        assert!(!admissible(false).json_grammar().contains("edit"));
     }
 
     #[test]

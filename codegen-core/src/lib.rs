@@ -182,6 +182,7 @@ pub mod chat;
 pub mod check;
 mod compile_time;
 pub mod constrain;
+pub mod edit;
 pub mod fs;
 mod protocol;
 mod report;

@@ -217,7 +217,8 @@ pub fn run_prompt(
 
 /// What the loop tells every model, ahead of the protocol's own instructions.
 const LOOP_INSTRUCTIONS: &str = "You work on a project through tools: read the files you need, write every file the \
-    task asks for with its complete content, and finish when you are done. Paths are relative and use forward slashes.";
+    task asks for with its complete content, change a few lines of a file that exists by editing it, and finish when \
+    you are done. Paths are relative and use forward slashes.";
 
 fn protocol_instructions(protocol: ToolProtocol, with_check: bool) -> Option<String> {
     match protocol {
@@ -369,6 +370,8 @@ struct Run<'a> {
     constrained_by: Option<ConstraintKind>,
     /// The reply cap the server was opened with, which bounds a constrained file's length.
     max_output_tokens: Option<u32>,
+    /// The files `write_file` wrote whole in this run (edits excepted), first write first.
+    written_whole: Vec<String>,
 }
 
 /// One tool call to run, wherever it came from.
@@ -412,6 +415,7 @@ impl<'a> Run<'a> {
             check_failures: 0,
             constrained_by: None,
             max_output_tokens: None,
+            written_whole: Vec::new(),
         }
     }
 
@@ -604,9 +608,10 @@ impl<'a> Run<'a> {
             _ => None,
         };
         let cap = self.max_output_tokens.unwrap_or(crate::backend::BackendConfig::DEFAULT_MAX_OUTPUT_TOKENS);
-        let written = self.sandbox.written();
+        let written = &self.written_whole;
         Admissible {
             writable: self.step.outputs.clone(),
+            editable: self.step.outputs.iter().filter(|output| self.sandbox.output_exists(output)).cloned().collect(),
             readable,
             finish: self.missing_outputs().is_empty(),
             check: self.check.is_some(),
@@ -668,7 +673,7 @@ impl<'a> Run<'a> {
     /// declares outputs writes those and nothing else, whatever the spelling of the path (it
     /// is normalised first; a name made of look-alike characters is just another name).
     fn undeclared_write(&self, call: &PendingCall) -> Option<String> {
-        if call.name != tools::WRITE_FILE || self.step.outputs.is_empty() {
+        if ![tools::WRITE_FILE, tools::EDIT_FILE].contains(&call.name.as_str()) || self.step.outputs.is_empty() {
             return None;
         }
         let Arguments::Object(args) = &call.arguments else { return None };
@@ -679,8 +684,9 @@ impl<'a> Run<'a> {
         }
         let declared: Vec<String> = self.step.outputs.iter().map(|o| format!("`{o}`")).collect();
         Some(format!(
-            "`{}` is not one of the files this step writes, and was not written. Write only its declared output{}: {}.",
+            "`{}` is not one of the files this step writes, and was not {}. Write only its declared output{}: {}.",
             crate::report::excerpt(&normal, 200),
+            if call.name == tools::EDIT_FILE { "changed" } else { "written" },
             if declared.len() == 1 { "" } else { "s" },
             declared.join(", ")
         ))
@@ -749,6 +755,15 @@ impl<'a> Run<'a> {
                     }
                 }
             };
+            if ok
+                && call.name == tools::WRITE_FILE
+                && let Arguments::Object(args) = &call.arguments
+                && let Some(path) =
+                    args.get("path").and_then(|p| p.as_str()).and_then(|p| crate::sandbox::normalized(p).ok())
+                && !self.written_whole.contains(&path)
+            {
+                self.written_whole.push(path);
+            }
             self.record(Event::ToolRun {
                 model_call: self.model_calls,
                 via: call.via,
@@ -848,10 +863,38 @@ impl<'a> Run<'a> {
             });
         }
         Ok(format!(
-            "{opening}: the files do not pass `{name}` (repair round {} of {}). Fix them with write_file, then call \
-             finish again.\n\n{diagnostics}",
-            self.check_failures, self.step.check_rounds
+            "{opening}: the files do not pass `{name}` (repair round {} of {}). {} then call finish \
+             again.\n\n{diagnostics}",
+            self.check_failures,
+            self.step.check_rounds,
+            self.how_to_repair(&diagnostics)
         ))
+    }
+
+    /// How to fix what a check found: by edit, where the first error is in a file of the
+    /// step's, naming it and its line.
+    fn how_to_repair(&self, diagnostics: &Diagnostics) -> String {
+        let edit = match self.protocol {
+            ToolProtocol::Blocks => "an @@@edit_begin block",
+            _ => "edit_file",
+        };
+        let first = diagnostics.findings.errors.iter().find_map(|finding| {
+            let file = finding.file.as_ref()?;
+            let normal = crate::sandbox::normalized(file).ok()?;
+            self.step.outputs.iter().any(|o| crate::sandbox::normalized(o).as_deref() == Ok(&normal)).then(|| {
+                match finding.line {
+                    Some(line) => format!("{normal} line {line}"),
+                    None => normal.clone(),
+                }
+            })
+        });
+        match first {
+            Some(place) => format!(
+                "The first error is at {place}: change the lines there with {edit} (the exact lines as `old`, \
+                 the fix as `new`), or write a file whole again if most of it must change,"
+            ),
+            None => format!("Fix them: change the lines at fault with {edit}, or write a file whole again,"),
+        }
     }
 
     fn how_to_write(&self) -> &'static str {
@@ -941,9 +984,11 @@ impl<'a> Run<'a> {
 /// then again on every later call), and with malformed arguments cut short.
 fn shown_arguments(arguments: &Arguments) -> String {
     match arguments {
-        Arguments::Object(map) if map.contains_key("content") => {
+        Arguments::Object(map) if ["content", "old", "new", "edits"].iter().any(|key| map.contains_key(*key)) => {
             let mut shown = map.clone();
-            shown.remove("content");
+            for key in ["content", "old", "new", "edits"] {
+                shown.remove(key);
+            }
             serde_json::Value::Object(shown).to_string()
         }
         Arguments::Object(_) => arguments.to_json_text(),
@@ -961,6 +1006,18 @@ fn block_arguments(command: BlockCommand) -> serde_json::Map<String, serde_json:
         BlockCommand::Write { path, content } => {
             args.insert("path".into(), path.into());
             args.insert("content".into(), content.into());
+        }
+        BlockCommand::Edit { path, mut edits } => {
+            args.insert("path".into(), path.into());
+            if edits.len() == 1 {
+                let (old, new) = edits.remove(0);
+                args.insert("old".into(), old.into());
+                args.insert("new".into(), new.into());
+            } else {
+                let list: Vec<serde_json::Value> =
+                    edits.into_iter().map(|(old, new)| serde_json::json!({"old": old, "new": new})).collect();
+                args.insert("edits".into(), list.into());
+            }
         }
         BlockCommand::List { dir } => {
             if let Some(dir) = dir {

@@ -207,6 +207,16 @@ pub struct WriteOutcome {
     pub changed: bool,
 }
 
+/// What [`Sandbox::edit_file`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EditOutcome {
+    /// The write of the edited file.
+    pub write: WriteOutcome,
+    /// Where each edit matched.
+    pub matches: Vec<crate::edit::Match>,
+}
+
 /// Why the sandbox refused a model's request. The reason says what is allowed instead; it is
 /// meant to be shown to the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -439,6 +449,30 @@ impl Sandbox {
     /// [`Limits::max_write_bytes`], a new file beyond [`Limits::max_files_per_step`], and I/O
     /// failures.
     pub fn write_file(&mut self, path: &str, content: &str) -> Result<WriteOutcome, Refusal> {
+        let (comps, vpath) = self.writable(path)?;
+        self.write_checked(&comps, &vpath, content)
+    }
+
+    /// Applies `edits` to the file at the model-supplied `path` under the output root, all or
+    /// none (see [`crate::edit`]), and writes the result as [`Sandbox::write_file`] would:
+    /// every rule of a write holds for it.
+    ///
+    /// Refused besides: a file that does not exist yet (it is written with `write_file`), and
+    /// edits whose `old` matches no place or several (nothing is written then).
+    pub fn edit_file(&mut self, path: &str, edits: &[crate::edit::Edit]) -> Result<EditOutcome, Refusal> {
+        let (comps, vpath) = self.writable(path)?;
+        if !self.output_exists(&vpath) {
+            return Err(refusal(vpath, "does not exist yet, so it cannot be edited; write it whole with write_file"));
+        }
+        let text = self.read_file(&vpath)?;
+        let applied =
+            crate::edit::apply(&text, edits).map_err(|problem| refusal(&vpath, problem.describe(edits.len())))?;
+        let write = self.write_checked(&comps, &vpath, &applied.text)?;
+        Ok(EditOutcome { write, matches: applied.matches })
+    }
+
+    /// The normalised components and path of a file the model may write, or why it may not.
+    fn writable(&self, path: &str) -> Result<(Vec<String>, String), Refusal> {
         let comps = normalize(path).map_err(|reason| refusal(shown(path), reason))?;
         let vpath = comps.join("/");
         if comps.is_empty() {
@@ -484,6 +518,12 @@ impl Sandbox {
                 ),
             ));
         }
+        Ok((comps, vpath))
+    }
+
+    /// Writes `content` to a path [`Sandbox::writable`] admitted, once the content is checked.
+    fn write_checked(&mut self, comps: &[String], vpath: &str, content: &str) -> Result<WriteOutcome, Refusal> {
+        let vpath = vpath.to_string();
         if vpath.ends_with(".rs")
             && let Some(read) = forbidden_compile_time_read(&vpath, content)
         {
@@ -518,7 +558,7 @@ impl Sandbox {
             ));
         }
 
-        let target = self.prepare_write(&comps, &vpath)?;
+        let target = self.prepare_write(comps, &vpath)?;
         let changed = cfs::write_if_changed(&target, content.as_bytes()).map_err(|e| io_refusal(&vpath, &e))?;
         if !already {
             self.written.push(vpath.clone());

@@ -1,5 +1,6 @@
-//! The five tools a model works with, as it sees them: `read_file`, `write_file`, `list_files`
-//! and `finish` in every step, and `check` in a step that has a [`Check`](crate::check::Check).
+//! The six tools a model works with, as it sees them: `read_file`, `write_file`, `edit_file`,
+//! `list_files` and `finish` in every step, and `check` in a step that has a
+//! [`Check`](crate::check::Check).
 //!
 //! The descriptions are part of the product: a model picks a tool and fills its arguments
 //! from this text alone, so each one says what the tool does, what the paths are relative
@@ -14,6 +15,8 @@ use crate::sandbox::Sandbox;
 pub const READ_FILE: &str = "read_file";
 /// `write_file(path, content)`.
 pub const WRITE_FILE: &str = "write_file";
+/// `edit_file(path, old, new)`: replace text that occurs once in a file of the step's.
+pub const EDIT_FILE: &str = "edit_file";
 /// `list_files(dir?)`.
 pub const LIST_FILES: &str = "list_files";
 /// `finish(summary)`.
@@ -22,9 +25,9 @@ pub const FINISH: &str = "finish";
 /// `check()`: offered only when the step has a [`Check`](crate::check::Check).
 pub const CHECK: &str = "check";
 
-/// The names of the four tools every step is offered, in that order; [`CHECK`], the fifth, is
+/// The names of the five tools every step is offered, in that order; [`CHECK`], the sixth, is
 /// offered after them, and only when the step has a check.
-pub const TOOL_NAMES: [&str; 4] = [READ_FILE, WRITE_FILE, LIST_FILES, FINISH];
+pub const TOOL_NAMES: [&str; 5] = [READ_FILE, WRITE_FILE, EDIT_FILE, LIST_FILES, FINISH];
 
 /// The tool definitions sent to the model.
 pub fn tool_specs() -> Vec<ToolSpec> {
@@ -56,6 +59,23 @@ pub fn tool_specs() -> Vec<ToolSpec> {
                     "content": {"type": "string", "description": "The complete new content of the file."}
                 },
                 "required": ["path", "content"]
+            }),
+        },
+        ToolSpec {
+            name: EDIT_FILE,
+            description: "Change part of a file that exists in the output folder: `old` is text copied \
+                          exactly from the file, which must occur there once, and `new` replaces it. \
+                          Use it to fix a few lines instead of writing the whole file again. Several \
+                          changes to one file go in `edits`, a list of {old, new}, applied in order, \
+                          all or none.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Relative path of the file to change, e.g. \"view.rs\"."},
+                    "old": {"type": "string", "description": "The exact text to replace, with enough lines around the change to occur only once."},
+                    "new": {"type": "string", "description": "The text that replaces it."}
+                },
+                "required": ["path", "old", "new"]
             }),
         },
         ToolSpec {
@@ -138,6 +158,10 @@ pub(crate) fn execute(name: &str, arguments: &Arguments, sandbox: &mut Sandbox) 
                 })
                 .map_err(|r| r.to_string()))
         }),
+        EDIT_FILE => string_arg(name, args, "path").and_then(|path| {
+            let edits = edits_arg(args)?;
+            Ok(sandbox.edit_file(path, &edits).map(|done| edited(&done)).map_err(|r| r.to_string()))
+        }),
         LIST_FILES => optional_string_arg(name, args, "dir").map(|dir| {
             sandbox
                 .list_files(dir)
@@ -159,6 +183,57 @@ pub(crate) fn execute(name: &str, arguments: &Arguments, sandbox: &mut Sandbox) 
     match result {
         Ok(Ok(text)) => ToolOutcome::Ran(text),
         Ok(Err(problem)) | Err(problem) => ToolOutcome::Refused(problem),
+    }
+}
+
+/// What the model is told of an edit that was applied.
+fn edited(done: &crate::sandbox::EditOutcome) -> String {
+    let lines: Vec<String> = done.matches.iter().map(|m| m.line.to_string()).collect();
+    let state = if done.write.changed { "edited" } else { "unchanged (the edit gave the same content)" };
+    let mut text = format!(
+        "{}: {state} at line{} {}, now {} bytes.",
+        done.write.path,
+        if lines.len() == 1 { "" } else { "s" },
+        lines.join(", "),
+        done.write.bytes
+    );
+    if done.matches.iter().any(|m| m.loose) {
+        text.push_str(
+            " `old` matched only once trailing whitespace and line endings were set aside; the file's own were \
+             replaced with yours there.",
+        );
+    }
+    text
+}
+
+/// The edits of an `edit_file` call: `old` and `new`, or `edits`, a list of them.
+fn edits_arg(args: &Args) -> Result<Vec<crate::edit::Edit>, String> {
+    let one = |args: &Args| -> Result<crate::edit::Edit, String> {
+        Ok(crate::edit::Edit {
+            old: string_arg(EDIT_FILE, args, "old")?.to_string(),
+            new: string_arg(EDIT_FILE, args, "new")?.to_string(),
+        })
+    };
+    match args.get("edits") {
+        None | Some(serde_json::Value::Null) => one(args).map(|edit| vec![edit]),
+        Some(serde_json::Value::Array(list)) if !args.contains_key("old") => list
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                serde_json::Value::Object(edit) => {
+                    one(edit).map_err(|problem| format!("in edit {} of `edits`: {problem}", i + 1))
+                }
+                other => Err(format!(
+                    "`edits` must be a list of {{\"old\": ..., \"new\": ...}} objects, and edit {} was {}",
+                    i + 1,
+                    crate::chat::json_kind(other)
+                )),
+            })
+            .collect(),
+        Some(_) => Err(format!(
+            "`edit_file` takes either `old` and `new`, or `edits`, a list of {{\"old\": ..., \"new\": ...}}. Send e.g. {}.",
+            example_arguments(EDIT_FILE)
+        )),
     }
 }
 
@@ -200,6 +275,7 @@ fn example_arguments(tool: &str) -> &'static str {
     match tool {
         READ_FILE => r#"{"path": "src/view.rs"}"#,
         WRITE_FILE => r#"{"path": "view.rs", "content": "<the whole file>"}"#,
+        EDIT_FILE => r#"{"path": "view.rs", "old": "<lines copied from the file>", "new": "<what replaces them>"}"#,
         LIST_FILES => r#"{"dir": "src"} or {}"#,
         FINISH => r#"{"summary": "Wrote view.rs."}"#,
         _ => r#"{"path": "view.rs"}"#,

@@ -13,6 +13,8 @@
 //! | `@@@list()` or `@@@list(dir)` | list the files (under `dir`) |
 //! | `@@@write_begin(path)` | start writing a file: every following line, verbatim, is its content... |
 //! | `@@@write_end` | ...up to this line |
+//! | `@@@edit_begin(path)` | change a file: one or more search/replace pairs (below)... |
+//! | `@@@edit_end` | ...up to this line |
 //! | `@@@done`, `@@@done(summary)` or `@@@done summary text` | the task is complete |
 //!
 //! Arguments are read leniently: `@@@read src/a.rs` and `@@@read: src/a.rs` work too, quotes or
@@ -35,6 +37,27 @@
 //! nothing else) loses those two lines and the blank lines outside them. A file that genuinely
 //! starts and ends with such a fence pair (a Markdown file made of one code block) cannot be
 //! written through this protocol unless its fence uses more backticks than the wrapper.
+//!
+//! # Edit blocks
+//!
+//! Between `@@@edit_begin(path)` and `@@@edit_end`, each change is a search/replace pair in
+//! the style aider uses: the lines to find, then the lines that replace them.
+//!
+//! ```text
+//! @@@edit_begin(view.rs)
+//! <<<<<<< SEARCH
+//!     println!("Hello");
+//! =======
+//!     println!("Hello, {name}!");
+//! >>>>>>> REPLACE
+//! @@@edit_end
+//! ```
+//!
+//! A marker line is seven or more `<`, `=` or `>` (and, for the first and last, any text
+//! after them); each side's lines are taken verbatim, each ended by `\n`. Blank lines and
+//! fence lines between pairs are ignored; anything else there, a pair left open, or a block
+//! with no pair is a problem, and then no change of the block is made (they apply all or
+//! none, see [`crate::edit`]).
 //!
 //! # Around the commands
 //!
@@ -70,6 +93,13 @@ pub enum BlockCommand {
         /// The complete content, each line ended by `\n`.
         content: String,
     },
+    /// `@@@edit_begin(path)` ... `@@@edit_end`: change a file (the [`tools::EDIT_FILE`] tool).
+    Edit {
+        /// The path as written.
+        path: String,
+        /// The search/replace pairs, in order: `(old, new)`, each line ended by `\n`.
+        edits: Vec<(String, String)>,
+    },
     /// `@@@list()` or `@@@list(dir)`: list the files (the [`tools::LIST_FILES`] tool).
     List {
         /// The folder to list, or `None` for everything.
@@ -91,6 +121,7 @@ impl BlockCommand {
         match self {
             BlockCommand::Read { path } => format!("read({path})"),
             BlockCommand::Write { path, .. } => format!("write_begin({path})"),
+            BlockCommand::Edit { path, .. } => format!("edit_begin({path})"),
             BlockCommand::List { dir } => format!("list({})", dir.as_deref().unwrap_or("")),
             BlockCommand::Done { .. } => "done".to_owned(),
         }
@@ -101,6 +132,7 @@ impl BlockCommand {
         match self {
             BlockCommand::Read { .. } => tools::READ_FILE,
             BlockCommand::Write { .. } => tools::WRITE_FILE,
+            BlockCommand::Edit { .. } => tools::EDIT_FILE,
             BlockCommand::List { .. } => tools::LIST_FILES,
             BlockCommand::Done { .. } => tools::FINISH,
         }
@@ -121,8 +153,8 @@ pub struct BlockReply {
 }
 
 /// The commands, for the message about an unknown one.
-const KNOWN_COMMANDS: &str =
-    "@@@read(path), @@@list() or @@@list(dir), @@@write_begin(path) ... @@@write_end, and @@@done(summary)";
+const KNOWN_COMMANDS: &str = "@@@read(path), @@@list() or @@@list(dir), @@@write_begin(path) ... @@@write_end, \
+     @@@edit_begin(path) ... @@@edit_end, and @@@done(summary)";
 /// The remedy for a write block that is not ended.
 const END_EVERY_FILE: &str = "end every file with a line containing only @@@write_end";
 
@@ -144,22 +176,35 @@ pub fn parse_blocks(content: &str) -> BlockReply {
 
         if let Some(block) = open.as_mut() {
             match command.as_ref().map(|(name, _)| name.as_str()) {
-                Some("write_end") => {
+                // Either end closes either block: which one was open is not in doubt.
+                Some("write_end" | "edit_end") => {
                     if let Some(block) = open.take()
-                        && let Some(path) = block.path
+                        && let Some(path) = block.path.clone()
                     {
-                        reply.commands.push(BlockCommand::Write { path, content: block_content(&block.lines) });
+                        if block.edit {
+                            match edit_pairs(&block.lines, block.number) {
+                                Ok(edits) => reply.commands.push(BlockCommand::Edit { path, edits }),
+                                Err(problem) => reply.problems.push(format!(
+                                    "`{}` on line {}: {problem}, so {path} was not changed",
+                                    block.header, block.number
+                                )),
+                            }
+                        } else {
+                            reply.commands.push(BlockCommand::Write { path, content: block_content(&block.lines) });
+                        }
                     }
                     continue;
                 }
-                Some("write_begin") => {
+                Some("write_begin" | "edit_begin") => {
                     if let Some(block) = open.take() {
                         reply.problems.push(format!(
-                            "`{}` on line {} was not ended before `{}` on line {number}, so {} was not written; {END_EVERY_FILE}",
+                            "`{}` on line {} was not ended before `{}` on line {number}, so {} was not {}; {}",
                             block.header,
                             block.number,
                             shorten(trimmed),
                             block.target(),
+                            block.verb(),
+                            block.remedy(),
                         ));
                     }
                     // Read below as a new block.
@@ -198,8 +243,22 @@ pub fn parse_blocks(content: &str) -> BlockReply {
                         no_path(&shown, number, "@@@write_begin(view.rs)")
                     ));
                 }
-                open = Some(OpenWrite { path, header: shown, number, lines: Vec::new(), first_command: None });
+                open = Some(OpenWrite { path, header: shown, number, lines: Vec::new(), first_command: None, edit: false });
             }
+            "edit_begin" => {
+                let path = argument(rest, &shown, number, true, &mut reply.problems);
+                if path.is_none() {
+                    reply.problems.push(format!(
+                        "{}; its changes up to `@@@edit_end` were not made",
+                        no_path(&shown, number, "@@@edit_begin(view.rs)")
+                    ));
+                }
+                open = Some(OpenWrite { path, header: shown, number, lines: Vec::new(), first_command: None, edit: true });
+            }
+            "edit_end" => reply.problems.push(format!(
+                "`{shown}` on line {number} has no `@@@edit_begin(path)` before it; start every change with a line \
+                 @@@edit_begin(path), then its search/replace pairs, then a line containing only @@@edit_end"
+            )),
             "write_end" => reply.problems.push(format!(
                 "`{shown}` on line {number} has no `@@@write_begin(path)` before it; start every file with a line \
                  @@@write_begin(path), then its content, then a line containing only @@@write_end"
@@ -216,10 +275,13 @@ pub fn parse_blocks(content: &str) -> BlockReply {
 
     if let Some(block) = open {
         let mut problem = format!(
-            "`{}` on line {} has no matching `@@@write_end`, so {} was not written; {END_EVERY_FILE}",
+            "`{}` on line {} has no matching `@@@{}`, so {} was not {}; {}",
             block.header,
             block.number,
-            block.target()
+            if block.edit { "edit_end" } else { "write_end" },
+            block.target(),
+            block.verb(),
+            block.remedy()
         );
         if let Some((command, number)) = block.first_command {
             problem.push_str(&format!(" (the `{command}` on line {number} was read as part of the file)"));
@@ -240,12 +302,87 @@ struct OpenWrite<'a> {
     lines: Vec<&'a str>,
     /// The first line inside that looks like a command, for the "never ended" message.
     first_command: Option<(String, usize)>,
+    /// An `@@@edit_begin` block, not a write.
+    edit: bool,
 }
 
 impl OpenWrite<'_> {
     fn target(&self) -> String {
         self.path.clone().unwrap_or_else(|| "the file".to_owned())
     }
+
+    fn verb(&self) -> &'static str {
+        if self.edit { "changed" } else { "written" }
+    }
+
+    fn remedy(&self) -> &'static str {
+        if self.edit { END_EVERY_EDIT } else { END_EVERY_FILE }
+    }
+}
+
+/// The remedy for an edit block that is not ended.
+const END_EVERY_EDIT: &str = "end every change with a line containing only @@@edit_end";
+
+/// What a marker line of a search/replace pair is.
+#[derive(Clone, Copy, PartialEq)]
+enum Marker {
+    Search,
+    Divider,
+    Replace,
+}
+
+fn marker(line: &str) -> Option<Marker> {
+    let line = line.trim();
+    let run = |c: u8| line.bytes().take_while(|&b| b == c).count();
+    if run(b'<') >= 7 {
+        Some(Marker::Search)
+    } else if run(b'=') >= 7 && line.bytes().all(|b| b == b'=') {
+        Some(Marker::Divider)
+    } else if run(b'>') >= 7 {
+        Some(Marker::Replace)
+    } else {
+        None
+    }
+}
+
+/// The search/replace pairs of an edit block whose first line is line `begin` of the reply.
+fn edit_pairs(lines: &[&str], begin: usize) -> Result<Vec<(String, String)>, String> {
+    let joined = |lines: &[&str]| lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+    let mut pairs = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let number = begin + at + 1;
+        match marker(lines[at]) {
+            Some(Marker::Search) => {
+                let divider =
+                    lines[at + 1..].iter().position(|l| marker(l) == Some(Marker::Divider)).map(|p| at + 1 + p);
+                let Some(divider) = divider else {
+                    return Err(format!("the `<<<<<<< SEARCH` on line {number} has no `=======` after it"));
+                };
+                let end = lines[divider + 1..]
+                    .iter()
+                    .position(|l| marker(l) == Some(Marker::Replace))
+                    .map(|p| divider + 1 + p);
+                let Some(end) = end else {
+                    return Err(format!("the `<<<<<<< SEARCH` on line {number} has no `>>>>>>> REPLACE` to end it"));
+                };
+                pairs.push((joined(&lines[at + 1..divider]), joined(&lines[divider + 1..end])));
+                at = end + 1;
+            }
+            None if lines[at].trim().is_empty() || is_fence_line(lines[at].trim()) => at += 1,
+            _ => {
+                return Err(format!(
+                    "line {number} (`{}`) is outside a search/replace pair; write each change as `<<<<<<< SEARCH`, the \
+                     lines to find, `=======`, the lines that replace them, `>>>>>>> REPLACE`",
+                    shorten(lines[at].trim())
+                ));
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Err("it holds no search/replace pair (`<<<<<<< SEARCH` ... `=======` ... `>>>>>>> REPLACE`)".into());
+    }
+    Ok(pairs)
 }
 
 /// The content of a write block: its lines, each ended by `\n`, without a fence pair that
@@ -387,6 +524,8 @@ pub fn blocks_protocol_instructions() -> String {
          @@@read(path)          show the content of the file at path\n\
          @@@write_begin(path)   the lines that follow are the complete new content of the file at path,\n\
          @@@write_end           up to this line\n\
+         @@@edit_begin(path)    then lines <<<<<<< SEARCH, the exact lines to change, =======, their replacement,\n\
+         @@@edit_end            >>>>>>> REPLACE, and this line: changes a file that exists\n\
          @@@done(summary)       the task is done, with a one-sentence summary\n\
          \n\
          Paths are relative, with forward slashes and no quotes. Between @@@write_begin(path) and @@@write_end \
@@ -416,6 +555,42 @@ mod tests {
         let reply = parse_blocks(content);
         assert_eq!(reply.problems, Vec::<String>::new(), "{content:?}");
         reply.commands
+    }
+
+    #[test]
+    fn edit_blocks_hold_search_replace_pairs() {
+        let reply = "@@@edit_begin(a.rs)\n<<<<<<< SEARCH\nfn a() {}\n=======\nfn a() -> u8 { 1 }\n>>>>>>> REPLACE\n\n```\n<<<<<<< SEARCH\n  x\n=======\n>>>>>>> REPLACE\n```\n@@@edit_end\n@@@done";
+        let edits =
+            vec![("fn a() {}\n".to_owned(), "fn a() -> u8 { 1 }\n".to_owned()), ("  x\n".to_owned(), String::new())];
+        assert_eq!(clean(reply), vec![BlockCommand::Edit { path: "a.rs".into(), edits }, done("")]);
+        assert_eq!(
+            clean("@@@edit_begin(a.rs)\n<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE\n@@@write_end")[0].label(),
+            "edit_begin(a.rs)"
+        );
+    }
+
+    #[test]
+    fn broken_edit_blocks_change_nothing_and_say_why() {
+        let problems = |reply: &str| {
+            let parsed = parse_blocks(reply);
+            assert!(parsed.commands.is_empty(), "{:?}", parsed.commands);
+            parsed.problems
+        };
+        let open = problems("@@@edit_begin(a.rs)\n<<<<<<< SEARCH\nx\n=======\ny\n");
+        assert!(open[0].contains("has no matching `@@@edit_end`, so a.rs was not changed"), "{open:?}");
+        let no_divider = problems("@@@edit_begin(a.rs)\n<<<<<<< SEARCH\nx\n>>>>>>> REPLACE\n@@@edit_end");
+        assert!(
+            no_divider[0].contains("the `<<<<<<< SEARCH` on line 2 has no `=======` after it, so a.rs was not changed"),
+            "{no_divider:?}"
+        );
+        let no_end = problems("@@@edit_begin(a.rs)\n<<<<<<< SEARCH\nx\n=======\ny\n@@@edit_end");
+        assert!(no_end[0].contains("has no `>>>>>>> REPLACE`"), "{no_end:?}");
+        let outside = problems("@@@edit_begin(a.rs)\nchange x to y\n@@@edit_end");
+        assert!(outside[0].contains("line 2 (`change x to y`) is outside a search/replace pair"), "{outside:?}");
+        let empty = problems("@@@edit_begin(a.rs)\n@@@edit_end");
+        assert!(empty[0].contains("holds no search/replace pair"), "{empty:?}");
+        let stray = problems("@@@edit_end");
+        assert!(stray[0].contains("has no `@@@edit_begin(path)` before it"), "{stray:?}");
     }
 
     #[test]

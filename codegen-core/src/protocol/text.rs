@@ -852,6 +852,7 @@ pub fn json_protocol_instructions(tools: &[ToolSpec]) -> String {
 fn short_description(tool: &ToolSpec) -> &'static str {
     match tool.name {
         crate::tools::WRITE_FILE => "create or replace the file at path with content, the complete file",
+        crate::tools::EDIT_FILE => "replace old, text that occurs once in the file at path, by new",
         crate::tools::READ_FILE => "the content of the file at path",
         crate::tools::LIST_FILES => "the files you may read (those under dir, if given)",
         crate::tools::FINISH => "declare the task done, once every file it asks for is written; one sentence",

@@ -86,7 +86,7 @@ fn ollama_request_has_the_native_shape() {
         json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "write a.rs"}])
     );
     let tools = body["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 4);
+    assert_eq!(tools.len(), 5);
     assert_eq!(tools[1]["type"], "function");
     assert_eq!(tools[1]["function"]["name"], "write_file");
     assert_eq!(tools[1]["function"]["parameters"]["required"], json!(["path", "content"]));

@@ -6,6 +6,7 @@ mod backends;
 mod cancel;
 mod check_loop;
 mod constrained;
+mod editing;
 mod env_vars;
 mod ollama_recorded;
 mod prompt_bytes;

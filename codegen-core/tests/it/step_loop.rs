@@ -224,7 +224,7 @@ fn every_broken_call_is_repaired_recorded_and_counted() {
     assert!(repairs[0].contains("could not be read") && repairs[0].contains("not valid JSON"), "{}", repairs[0]);
     assert!(
         repairs[1].contains("no tool `delete_file`")
-            && repairs[1].contains("read_file, write_file, list_files, finish"),
+            && repairs[1].contains("read_file, write_file, edit_file, list_files, finish"),
         "{}",
         repairs[1]
     );
