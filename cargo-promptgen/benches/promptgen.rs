@@ -282,6 +282,7 @@ fn package_shaped(
             transcript: Some(sha256_hex(transcript.as_bytes())),
             fingerprint,
             files,
+            made_from: Vec::new(),
         };
         entries.insert(step.id.clone(), entry);
     }

@@ -150,8 +150,8 @@ pub mod __private {
     #[cfg(feature = "cli")]
     pub use crate::config::with_store;
     pub use crate::config::{
-        CacheUrl, Chain, ENV_VARS, Origin, Overrides, PASS_RATES, StepConfig, StoreMode, TEMPERATURES, UnknownStep,
-        load, load_from_env,
+        CacheUrl, Chain, ENV_VARS, Origin, Overrides, PASS_RATES, Regenerate, StepConfig, StoreMode, TEMPERATURES,
+        UnknownStep, load, load_from_env,
     };
     pub use crate::error::report;
     pub use crate::files::{Files, sync_dir};

@@ -242,6 +242,8 @@ pub struct StepConfig {
     pub protocol: ToolProtocol,
     /// Whether the server is asked to enforce the protocol (`constrain`, default `auto`).
     pub constrain: Constrain,
+    /// How a step that has recorded outputs runs again (`regenerate`, default `edit`).
+    pub regenerate: Regenerate,
     /// Files the step must write: relative forward-slash paths, normalised (no `.` or empty
     /// components), without `..`.
     pub outputs: Vec<String>,
@@ -261,6 +263,35 @@ pub struct StepConfig {
     pub after: Vec<String>,
     /// Whether the manifest declares its `after` (else it is the step before it).
     pub after_declared: bool,
+}
+
+/// How a stale step that has recorded outputs runs again: `regenerate = "edit" | "fresh"`.
+/// It never changes a step's key, nor when a step is stale.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Regenerate {
+    /// From its recorded outputs: the model's tree holds them, it is told what changed since
+    /// they were made, and it changes what that requires (with `edit_file`), keeping the rest.
+    #[default]
+    Edit,
+    /// From nothing, as the first run did: every output written whole again.
+    Fresh,
+}
+
+impl Regenerate {
+    /// As the manifest spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Regenerate::Edit => "edit",
+            Regenerate::Fresh => "fresh",
+        }
+    }
+}
+
+impl fmt::Display for Regenerate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The check a step's output must pass: `check = "cargo check"`, `"cargo test"`, `"rustc"`,

@@ -269,6 +269,7 @@ fn steps(
             max_model_calls: layered!(max_model_calls).unwrap_or(codegen_core::Step::DEFAULT_MAX_MODEL_CALLS),
             protocol: layered!(protocol).unwrap_or_default(),
             constrain: layered!(constrain).unwrap_or_default(),
+            regenerate: layered!(regenerate).unwrap_or_default(),
             check,
             check_rounds: layered!(check_rounds).unwrap_or(codegen_core::Step::DEFAULT_CHECK_ROUNDS),
             seed_retries: layered!(seed_retries).unwrap_or(0),

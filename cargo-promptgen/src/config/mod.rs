@@ -21,6 +21,9 @@
 //! protocol = "native"                   # "native" | "json" | "blocks" (default "native")
 //! constrain = "auto"                    # "auto" | "off": the server enforces the protocol where
 //!                                       # it can (codegen_core::constrain); default "auto"
+//! regenerate = "edit"                   # "edit" | "fresh": a stale step with recorded outputs
+//!                                       # starts from them and changes what its change requires
+//!                                       # ("edit", default), or writes them anew ("fresh")
 //! system_prompt = "prompts/system.md"   # optional file, relative to the package directory
 //! num_ctx = 16384                       # optional, >= 1: Ollama's context window
 //! max_output_tokens = 4096              # optional, >= 1: the most tokens one reply may have
@@ -50,7 +53,7 @@
 //! after = ["01", "03"]                  # optional: the steps whose outputs this one builds on
 //!                                       # ([] for none; default: the step before it in id order)
 //! # optional per-step overrides: model, seed, temperature, max_model_calls, protocol,
-//! # constrain, system_prompt, check, check_rounds, seed_retries
+//! # constrain, regenerate, system_prompt, check, check_rounds, seed_retries
 //!
 //! [package.metadata.promptgen.eval]     # optional: what `cargo promptgen eval` requires
 //! min_pass_rate = 0.6                   # optional number from 0 to 1: the pass@1 every
@@ -123,7 +126,8 @@ mod tables;
 mod workspace;
 
 pub use chain::{
-    Chain, CheckSpec, ENV_VARS, Origin, Overrides, PASS_RATES, StepConfig, TEMPERATURES, UnknownStep, is_step_id,
+    Chain, CheckSpec, ENV_VARS, Origin, Overrides, PASS_RATES, Regenerate, StepConfig, TEMPERATURES, UnknownStep,
+    is_step_id,
 };
 #[cfg(feature = "cli")]
 pub use edit::with_store;

@@ -6,6 +6,8 @@ use std::num::{NonZeroU32, NonZeroU64};
 
 use codegen_core::backend::BackendKind;
 use codegen_core::{Constrain, ToolProtocol};
+
+use super::chain::Regenerate;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
@@ -64,6 +66,8 @@ macro_rules! with_shared_keys {
                 protocol: ToolProtocol => one_of::<ToolProtocol>(),
                 /// Whether the server is asked to enforce the protocol.
                 constrain: Constrain => one_of::<Constrain>(),
+                /// How a step with recorded outputs runs again.
+                regenerate: Regenerate => one_of::<Regenerate>(),
                 /// A file of instructions sent before the prompt.
                 system_prompt: String => "a string (a file, relative to the manifest's folder)",
                 /// The check the output must pass.

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use codegen_core::sandbox::{SandboxError, input_files};
 use codegen_core::{Constrain, ToolProtocol};
+
+use super::chain::Regenerate;
 use toml::Spanned;
 
 use super::after::{GraphDecl, Written};
@@ -227,6 +229,7 @@ pub(super) struct Shared {
     pub(super) max_model_calls: Option<u32>,
     pub(super) protocol: Option<ToolProtocol>,
     pub(super) constrain: Option<Constrain>,
+    pub(super) regenerate: Option<Regenerate>,
     pub(super) system_prompt: Option<PathBuf>,
     pub(super) check: Option<CheckSpec>,
     pub(super) check_rounds: Option<u32>,
@@ -249,6 +252,7 @@ macro_rules! check_shared {
             max_model_calls: value(&table.max_model_calls).map(NonZeroU32::get),
             protocol: value(&table.protocol),
             constrain: value(&table.constrain),
+            regenerate: value(&table.regenerate),
             system_prompt: table
                 .system_prompt
                 .as_ref()

@@ -775,7 +775,7 @@ fn run_trial(
     let mut backend = Gated { inner: backend, gate: &work.gate, cancel: &work.cancel };
     let (mounted, later) = the_rest_of_the_chain(chain, index, &work.recorded);
     let check_tree = work.layout.check_tree_dir(&format!(".eval-{slot}"));
-    let surroundings = Surroundings { tree, mounted, later, check_tree, cancel: &work.cancel };
+    let surroundings = Surroundings { tree, mounted, later, check_tree, cancel: &work.cancel, revision: None };
     let mut quiet = |_: Progress| {};
     let progress: RefCell<&mut dyn FnMut(Progress)> = RefCell::new(&mut quiet);
     let started = Instant::now();

@@ -183,6 +183,7 @@ mod tests {
                 .iter()
                 .map(|(path, bytes)| LockedFile { path: path.to_string(), sha256: sha256_hex(bytes) })
                 .collect(),
+            made_from: Vec::new(),
         }
     }
 

@@ -67,6 +67,11 @@ pub struct LockedStep {
     /// The files the step wrote, with their hashes.
     #[serde(default, rename = "file")]
     pub files: Vec<LockedFile>,
+    /// The recorded files this result was made from, when it was a re-run by edit
+    /// (`regenerate = "edit"`): each with the hash it had then. Empty for a run from nothing.
+    /// Not part of the key, nor of what the steps after it are handed.
+    #[serde(default, rename = "made_from", skip_serializing_if = "Vec::is_empty")]
+    pub made_from: Vec<LockedFile>,
 }
 
 /// Everything that can change a step's result. Its hash is the step's key.
@@ -167,6 +172,8 @@ struct StepPlace {
     id: toml::Spanned<String>,
     #[serde(default, rename = "file")]
     files: Vec<FilePlace>,
+    #[serde(default)]
+    made_from: Vec<FilePlace>,
 }
 
 #[derive(Deserialize)]
@@ -183,7 +190,9 @@ fn validate(lock: &Lock, text: &str) -> Result<(), String> {
     let line = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let at = |step: usize, file: Option<usize>| -> String {
         let Some(place) = places.as_ref().and_then(|p| p.steps.get(step)) else { return String::new() };
-        let offset = match file.and_then(|f| place.files.get(f)) {
+        // Files are numbered on from the step's `file`s into its `made_from`s.
+        let file = file.and_then(|f| place.files.get(f).or_else(|| place.made_from.get(f - place.files.len())));
+        let offset = match file {
             Some(file) => file.path.span().start,
             None => place.id.span().start,
         };
@@ -203,7 +212,7 @@ fn validate(lock: &Lock, text: &str) -> Result<(), String> {
         }
         let hashes = std::iter::once(("key", &step.key))
             .chain(step.transcript.iter().map(|hash| ("transcript", hash)))
-            .chain(step.files.iter().map(|f| ("sha256", &f.sha256)));
+            .chain(step.files.iter().chain(&step.made_from).map(|f| ("sha256", &f.sha256)));
         for (field, hash) in hashes {
             if !is_sha256(hash) {
                 return Err(format!(
@@ -220,8 +229,9 @@ fn validate(lock: &Lock, text: &str) -> Result<(), String> {
                 ));
             }
         }
-        for (number, file) in step.files.iter().enumerate() {
+        for (number, file) in step.files.iter().chain(&step.made_from).enumerate() {
             let path = &file.path;
+            let record = if number < step.files.len() { "records the file" } else { "was made from the file" };
             let problem = match crate::config::output_path(path) {
                 Err(why) => Some(format!("is not a path inside its folder: it {why}")),
                 Ok(normal) if normal != *path => Some(format!("is not written in its normal form (`{normal}`)")),
@@ -237,7 +247,7 @@ fn validate(lock: &Lock, text: &str) -> Result<(), String> {
             };
             if let Some(problem) = problem {
                 return Err(format!(
-                    "{}step `{id}` records the file {path:?}, which {problem}; nothing was read or written for it",
+                    "{}step `{id}` {record} {path:?}, which {problem}; nothing was read or written for it",
                     at(index, Some(number))
                 ));
             }
@@ -334,6 +344,7 @@ mod tests {
                 transcript: None,
                 fingerprint,
                 files: vec![LockedFile { path: "view.rs".into(), sha256: sha256_hex(b"view") }],
+                made_from: Vec::new(),
             }],
         }
     }

@@ -24,6 +24,7 @@ use crate::record::layout::Layout;
 use crate::record::lock::{LockedFile, LockedStep};
 use crate::run::attempts::{self, Outcome, PartialReply};
 use crate::run::progress::Progress;
+use crate::run::revision::Revision;
 
 /// A step that ran and succeeded, ready to be recorded.
 pub(crate) struct Ran {
@@ -40,14 +41,15 @@ pub(crate) struct Ran {
 }
 
 /// What a step runs among: the tree the steps before it produced, the rest of the chain for
-/// its check (`mounted`, `later`), where its check mounts them (`check_tree`), and the flag
-/// that stops it.
+/// its check (`mounted`, `later`), where its check mounts them (`check_tree`), the flag
+/// that stops it, and, for a re-run by edit, the recorded files it starts from.
 pub(crate) struct Surroundings<'a> {
     pub tree: &'a Files,
     pub mounted: Files,
     pub later: Later,
     pub check_tree: PathBuf,
     pub cancel: &'a Cancel,
+    pub revision: Option<&'a Revision>,
 }
 
 /// How one run of a step ended, before anything of it is recorded.
@@ -73,14 +75,24 @@ pub(crate) fn attempt(
     surroundings: &Surroundings<'_>,
     progress: &RefCell<&mut dyn FnMut(Progress)>,
 ) -> Result<Attempted, Error> {
-    let Surroundings { tree, mounted, later, check_tree, cancel } = surroundings;
+    let Surroundings { tree, mounted, later, check_tree, cancel, revision } = surroundings;
     let work = layout.work_dir();
     fs::create_dir_all(&work)?;
     let prompt = fs::read_to_string(&step.prompt)?;
-    let system_prompt = step.system_prompt.as_deref().map(fs::read_to_string).transpose()?;
+    let mut system_prompt = step.system_prompt.as_deref().map(fs::read_to_string).transpose()?;
+    // A re-run by edit starts from the step's recorded files, and is told what changed.
+    let mut start = (*tree).clone();
+    if let Some(revision) = revision {
+        start.extend(revision.files.iter().map(|(path, bytes)| (path.clone(), bytes.clone())));
+        let told = revision.instructions(step.protocol, &prompt);
+        system_prompt = Some(match system_prompt {
+            Some(own) => format!("{}\n\n{told}", own.trim_end()),
+            None => told,
+        });
+    }
     let scratch = fs::temp_dir_in(&work, &format!("{}-", step.id))?;
     let output_root = scratch.path().join("tree");
-    sync_dir(&output_root, tree)?;
+    sync_dir(&output_root, &start)?;
     let mut sandbox = sandbox_for(chain, step, &output_root)
         .build()
         .map_err(|source| Error::Sandbox { id: step.id.clone(), source })?;
@@ -122,14 +134,16 @@ pub(crate) fn attempt(
     let mut files = Files::new();
     match &outcome {
         Ok(output) => {
-            for path in &output.written {
+            // What it wrote, and the recorded files it started from and kept.
+            let kept = revision.iter().flat_map(|r| r.files.keys());
+            for path in output.written.iter().chain(kept) {
                 files.insert(path.clone(), fs::read(&output_root.join(path))?);
             }
         }
         Err(_) => {
             for path in walk_files(&output_root) {
                 let bytes = fs::read(&output_root.join(&path))?;
-                if tree.get(&path) != Some(&bytes) {
+                if start.get(&path) != Some(&bytes) {
                     files.insert(path, bytes);
                 }
             }
@@ -155,7 +169,11 @@ pub(crate) fn run_step(
     }
     let mut backend_config = step.backend.clone();
     backend_config.cancel = surroundings.cancel.clone();
-    let mut backend = backend_config.open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
+    let opened = match surroundings.revision {
+        Some(_) => backend_config.open_for_edit(),
+        None => backend_config.open(),
+    };
+    let mut backend = opened.map_err(|source| Error::Backend { id: step.id.clone(), source })?;
     let key = assessed.fingerprint.key();
     let progress = RefCell::new(progress);
 
@@ -248,6 +266,7 @@ pub(crate) fn run_step(
                 .iter()
                 .map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) })
                 .collect(),
+            made_from: surroundings.revision.map(Revision::made_from).unwrap_or_default(),
         };
         let header = attempts::Header {
             step: step.id.clone(),

@@ -18,6 +18,7 @@ use crate::record::records::Records;
 use crate::run::attempt::{Ran, Surroundings, run_step};
 use crate::run::progress::Progress;
 use crate::run::recheck::recheck;
+use crate::run::revision::Revision;
 use crate::run::surroundings::{recorded_files, the_rest_of_the_chain};
 
 /// What to bring up to date, where, and how.
@@ -322,6 +323,10 @@ impl Schedule<'_> {
                             after: steps.last_dependency(index, &result.regenerated),
                         });
                     }
+                    let revision = match &assessed.state {
+                        StepState::Stale(reasons) => Revision::of(step, &records, reasons, &assessed.fingerprint.key()),
+                        _ => None,
+                    };
                     let tree = steps.tree(chain.graph.dependencies(index));
                     let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));
                     let (mounted, later) = the_rest_of_the_chain(chain, index, recorded);
@@ -334,7 +339,9 @@ impl Schedule<'_> {
                         };
                         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             let check_tree = layout.check_tree_dir(&step.id);
-                            let surroundings = Surroundings { tree: &tree, mounted, later, check_tree, cancel };
+                            let revision = revision.as_ref();
+                            let surroundings =
+                                Surroundings { tree: &tree, mounted, later, check_tree, cancel, revision };
                             run_step(chain, layout, step, &assessed, surroundings, &mut forward)
                         }));
                         let _ = sender.send(Message::Finished(index, Box::new(ran)));

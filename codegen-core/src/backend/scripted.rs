@@ -27,6 +27,17 @@
 //!
 //! For the `json` and `blocks` protocols a turn has only `content`, written the way such a
 //! model writes its answer.
+//!
+//! A step that runs again from its recorded files (a re-run by edit) is answered from the
+//! script's `[[edit.turn]]`s when it has them, so one script shows both the first run and a
+//! later change made by `edit_file`; without them it gets the `[[turn]]`s again:
+//!
+//! ```toml
+//! [[edit.turn]]
+//! [[edit.turn.call]]
+//! name = "edit_file"
+//! arguments = { path = "presenter.rs", old = "Hello", new = "Hi" }
+//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +63,24 @@ pub struct Scripted {
 struct ScriptFile {
     #[serde(rename = "turn", default)]
     turns: Vec<ScriptTurn>,
+    edit: Option<EditTurns>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EditTurns {
+    #[serde(rename = "turn", default)]
+    turns: Vec<ScriptTurn>,
+}
+
+/// Which of a script's turns a run is answered from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptPart {
+    /// The `[[turn]]`s: a step run from nothing.
+    Fresh,
+    /// The `[[edit.turn]]`s, when the script has them, else the `[[turn]]`s: a step run again
+    /// from its recorded files.
+    Edit,
 }
 
 #[derive(Deserialize)]
@@ -73,8 +102,14 @@ struct ScriptCall {
 }
 
 impl Scripted {
-    /// Reads a script file (TOML, or JSON when the name ends in `.json`).
+    /// Reads a script file (TOML, or JSON when the name ends in `.json`), for a step run from
+    /// nothing.
     pub fn from_file(path: &Path) -> Result<Scripted, BackendError> {
+        Scripted::from_file_part(path, ScriptPart::Fresh)
+    }
+
+    /// Reads a script file, serving `part` of its turns.
+    pub fn from_file_part(path: &Path, part: ScriptPart) -> Result<Scripted, BackendError> {
         let script_error = |detail: String| BackendError::Script { path: path.to_owned(), detail };
         let text = crate::fs::read_to_string(path).map_err(|e| script_error(e.to_string()))?;
         let file: ScriptFile = if path.extension().is_some_and(|ext| ext == "json") {
@@ -85,9 +120,15 @@ impl Scripted {
         if file.turns.is_empty() {
             return Err(script_error("it has no turns; add at least one `[[turn]]`".into()));
         }
+        if file.edit.as_ref().is_some_and(|edit| edit.turns.is_empty()) {
+            return Err(script_error("its `edit` table has no turns; add an `[[edit.turn]]` or remove it".into()));
+        }
+        let turns = match (part, file.edit) {
+            (ScriptPart::Edit, Some(edit)) => edit.turns,
+            _ => file.turns,
+        };
         let mut ids = IdMinter::default();
-        let turns = file
-            .turns
+        let turns = turns
             .into_iter()
             .map(|turn| {
                 let calls = turn

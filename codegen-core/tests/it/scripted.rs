@@ -1,6 +1,6 @@
 //! The scripted backend: canned turns from TOML or JSON files, honest about what it is.
 
-use codegen_core::backend::scripted::Scripted;
+use codegen_core::backend::scripted::{ScriptPart, Scripted};
 use codegen_core::backend::{BackendConfig, BackendError, BackendKind};
 use codegen_core::sandbox::Sandbox;
 use codegen_core::transcript::Event;
@@ -98,6 +98,7 @@ fn broken_scripts_are_clear_errors() {
         ("typo.toml", "[[turn]]\ncontnet = \"x\"\n", "unknown field `contnet`"),
         ("empty.toml", "", "no turns"),
         ("bad.json", "{\"turn\": [", "not a valid script"),
+        ("no-edit-turns.toml", "[[turn]]\ncontent = \"x\"\n[edit]\n", "`edit` table has no turns"),
     ];
     for (name, text, expected) in cases {
         let path = dir.path().join(name);
@@ -110,4 +111,40 @@ fn broken_scripts_are_clear_errors() {
 
     let err = BackendConfig::new(BackendKind::Scripted).open().err().unwrap();
     assert!(err.to_string().contains("needs a script file"), "{err}");
+}
+
+#[test]
+fn a_re_run_by_edit_is_answered_from_the_edit_turns_and_a_script_without_them_serves_its_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("step.toml");
+    let edit_turns = r#"
+[[edit.turn]]
+[[edit.turn.call]]
+name = "edit_file"
+arguments = { path = "presenter.rs", old = "Presenter;", new = "Presenter(u8);" }
+
+[[edit.turn]]
+[[edit.turn.call]]
+name = "finish"
+arguments = { summary = "Edited presenter.rs." }
+"#;
+    std::fs::write(&script, format!("{TOML_SCRIPT}{edit_turns}")).unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("presenter.rs"), "pub struct Presenter;\n").unwrap();
+
+    let mut config = BackendConfig::new(BackendKind::Scripted);
+    config.script = Some(script.clone());
+    assert_eq!(Scripted::from_file(&script).unwrap().remaining(), 3, "a run from nothing gets the turns");
+    let mut backend = config.open_for_edit().unwrap();
+    let mut sandbox = Sandbox::builder(&out).build().unwrap();
+    let mut step = Step::new("scripted", "Change presenter.rs.");
+    step.expect_output("presenter.rs");
+    let output = step.run(backend.as_mut(), &mut sandbox).unwrap();
+    assert_eq!(std::fs::read_to_string(out.join("presenter.rs")).unwrap(), "pub struct Presenter(u8);\n");
+    assert_eq!(output.summary.as_deref(), Some("Edited presenter.rs."));
+
+    // Without edit turns, a re-run by edit gets the script's turns.
+    std::fs::write(&script, TOML_SCRIPT).unwrap();
+    assert_eq!(Scripted::from_file_part(&script, ScriptPart::Edit).unwrap().remaining(), 3);
 }

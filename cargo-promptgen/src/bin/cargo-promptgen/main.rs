@@ -208,6 +208,9 @@ struct RunArgs {
     /// Regenerate every step.
     #[arg(long)]
     force: bool,
+    /// Run the steps that run from nothing, as `regenerate = "fresh"` does: every output written anew, not edited from the recorded files.
+    #[arg(long)]
+    fresh: bool,
     /// Call no model: fail if any step is stale.
     #[arg(long)]
     offline: bool,
@@ -390,9 +393,14 @@ fn run(args: RunArgs, output: Output) -> anyhow::Result<ExitCode> {
         jobs: args.jobs,
         ..Overrides::default()
     };
-    let Package { chain, layout } = open(&args.selection, &overrides)?;
+    let Package { mut chain, layout } = open(&args.selection, &overrides)?;
     for id in &args.steps {
         chain.require_step(id)?;
+    }
+    if args.fresh {
+        for step in &mut chain.steps {
+            step.regenerate = cargo_promptgen::__private::Regenerate::Fresh;
+        }
     }
     // `--step ID` runs those steps (and the stale steps they run after), never the steps after
     // them; `--force` runs every step.

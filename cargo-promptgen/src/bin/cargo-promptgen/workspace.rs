@@ -97,7 +97,9 @@ pub fn run_args(args: &RunArgs) -> Vec<String> {
     if let Some(jobs) = args.jobs {
         words.extend(["--jobs".into(), jobs.to_string()]);
     }
-    for (flag, on) in [("--force", args.force), ("--offline", args.offline), ("--no-push", args.no_push)] {
+    for (flag, on) in
+        [("--force", args.force), ("--fresh", args.fresh), ("--offline", args.offline), ("--no-push", args.no_push)]
+    {
         if on {
             words.push(flag.into());
         }
