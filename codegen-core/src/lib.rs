@@ -1,8 +1,8 @@
 //! Runs one prompt to completion against a language model that reads and writes files
 //! through tools.
 //!
-//! A *step* sends a prompt to a model together with five tools: `read_file`, `write_file`,
-//! `list_files`, `finish`, and `check` when the step has a [`Check`](check::Check). The model
+//! A *step* sends a prompt to a model together with its tools: `read_file`, `write_file`,
+//! `edit_file`, `list_files`, `finish`, and `check` when the step has a [`Check`](check::Check). The model
 //! calls them, the loop carries the calls out inside a [`Sandbox`](sandbox::Sandbox) and sends
 //! the results back, until the model calls `finish`, replies without a tool call, or uses up
 //! its budget of model calls. Everything that happened is kept in a

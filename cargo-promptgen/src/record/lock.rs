@@ -157,6 +157,27 @@ impl LockedStep {
         }
         sha256_hex(text.as_bytes())
     }
+
+    /// How this result began, in words, for `log`, `diff` and `review`: the recorded files a
+    /// re-run by edit started from, and what became of each. `None` for a run from nothing.
+    pub fn provenance(&self) -> Option<String> {
+        if self.made_from.is_empty() {
+            return None;
+        }
+        let files: Vec<String> = self
+            .made_from
+            .iter()
+            .map(|before| {
+                let became = match self.files.iter().find(|after| after.path == before.path) {
+                    Some(after) if after.sha256 == before.sha256 => "kept as it was",
+                    Some(_) => "edited",
+                    None => "removed",
+                };
+                format!("{} ({}, {became})", before.path, before.sha256.get(..12).unwrap_or(&before.sha256))
+            })
+            .collect();
+        Some(format!("re-run by edit, from the recorded {}", files.join(", ")))
+    }
 }
 
 /// The places of what [`validate`] checks, for messages: a second, lenient reading of the

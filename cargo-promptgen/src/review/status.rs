@@ -181,6 +181,7 @@ pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String
             Some(entry) => records.store.load(entry).unwrap_or_default(),
             None => crate::files::Files::new(),
         };
+        let mut hunks = String::new();
         let mut paths: Vec<&String> = old_files.keys().chain(new_files.keys()).collect();
         paths.sort();
         paths.dedup();
@@ -196,8 +197,13 @@ pub fn diff(chain: &Chain, layout: &Layout, step: Option<&str>) -> Result<String
                 .context_radius(3)
                 .header(&format!("a/{name}"), &format!("b/{name}"))
                 .to_string();
-            out.push_str(&text);
+            hunks.push_str(&text);
         }
+        if let Some(provenance) = new_entry.provenance().filter(|_| !hunks.is_empty()) {
+            // Before the step's first `---`, where `git apply` and `patch` read nothing.
+            out.push_str(&format!("step {}: {provenance}\n", config.id));
+        }
+        out.push_str(&hunks);
     }
     Ok(out)
 }

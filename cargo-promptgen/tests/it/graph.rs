@@ -456,25 +456,30 @@ fn workspace_runs_and_checks_every_member_with_a_chain_and_names_the_package_in_
 }
 
 /// A lock recorded before `after` existed keeps its meaning byte for byte. The fixture
-/// `tests/fixtures/example-app-before-after.lock` is the example's lock as the code before
-/// `after` recorded it (from `main`, when it was merged into this branch), for the example's
-/// manifest without its `after` keys: with those keys taken out again, that lock is fresh, a
-/// run leaves it byte for byte, and running every step again from its script records the same
-/// bytes. (If the example's prompts, scripts or settings change, the fixture goes stale with
-/// them: record it again from a manifest without `after`, and check that only what the change
-/// explains moved.) Everything is copied; the committed files are not touched.
+/// `tests/fixtures/example-app-before-after/` is the example's record (lock and store) as a
+/// chain without `after` records it, for the example's manifest without its `after` keys and
+/// step 04's prompt as first written (before the change the example re-ran by edit): with
+/// those keys taken out again, that lock is fresh, a run leaves it byte for byte, and running
+/// every step again from its script records the same bytes. (If the example's prompts,
+/// scripts or settings change, the fixture goes stale with them: record it again from a
+/// manifest without `after`, from an empty lock, and check that only what the change explains
+/// moved.) Everything is copied; the committed files are not touched.
 #[test]
 fn a_lock_recorded_before_after_existed_stays_fresh_and_byte_identical() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = tempfile::Builder::new().prefix("pg-e2e-example-").tempdir().unwrap();
     copy_tree(&root.join("prompts"), &dir.path().join("prompts"));
+    let prompt_04 = dir.path().join("prompts/step_04_app.md");
+    let now = std::fs::read_to_string(&prompt_04).unwrap();
+    std::fs::write(&prompt_04, now.replace(support::PROMPT_04_CHANGED, support::PROMPT_04_FIRST)).unwrap();
     let app = dir.path().join("example-app");
-    for part in ["promptgen", "src", "tests"] {
+    for part in ["src", "tests"] {
         copy_tree(&root.join("example-app").join(part), &app.join(part));
     }
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/example-app-before-after");
+    copy_tree(&fixture.join("promptgen"), &app.join("promptgen"));
     std::fs::copy(root.join("example-app/build.rs"), app.join("build.rs")).unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/example-app-before-after.lock");
-    let committed = std::fs::read_to_string(fixture).unwrap();
+    let committed = std::fs::read_to_string(fixture.join("promptgen.lock")).unwrap();
     assert!(!committed.contains("after"), "the fixture predates `after`:\n{committed}");
     std::fs::write(app.join("promptgen.lock"), &committed).unwrap();
     let manifest = std::fs::read_to_string(root.join("example-app/Cargo.toml")).unwrap();

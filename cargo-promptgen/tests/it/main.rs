@@ -19,6 +19,7 @@ mod eval;
 mod example_app;
 mod graph;
 mod real_llm;
+mod regenerate;
 mod reliability;
 mod s3_cache;
 mod support;

@@ -40,7 +40,7 @@ fn open(kind: BackendKind, server: &FakeLlm) -> Box<dyn Backend> {
     config(kind, server).open().unwrap()
 }
 
-/// Asks with the four tools, or with none.
+/// Asks with the tools every step is offered, or with none.
 fn ask(backend: &mut dyn Backend, tools: bool) -> Result<ChatResponse, BackendError> {
     let specs = if tools { tool_specs() } else { Vec::new() };
     backend.chat(&ChatRequest {

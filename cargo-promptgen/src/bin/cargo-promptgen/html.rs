@@ -206,6 +206,9 @@ fn step_section(step: &StepHistory) -> String {
                     escape(&entry.fingerprint.model),
                     escape(entry.key.get(..16).unwrap_or(&entry.key))
                 );
+                if let Some(provenance) = entry.provenance() {
+                    let _ = writeln!(html, "<p class=\"meta\">{}</p>", escape(&provenance));
+                }
             }
             if let Some(error) = &shown.error {
                 let _ = writeln!(html, "<pre class=\"error\">{}</pre>", escape(error));

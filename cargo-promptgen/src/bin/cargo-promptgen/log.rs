@@ -50,6 +50,9 @@ pub fn write_step(out: &mut dyn Write, step: &StepHistory, limits: Limits) -> st
     if !others.is_empty() {
         writeln!(out, "{DIM}also kept: {} (`--show KIND`){DIM:#}", list(&others))?;
     }
+    if let Some(provenance) = step.entry.as_ref().and_then(|entry| entry.provenance()) {
+        writeln!(out, "{DIM}{provenance}{DIM:#}")?;
+    }
     if let Some(error) = &shown.error {
         writeln!(out, "{BAD}{}:{BAD:#} {}", shown.kind.as_str(), indent_rest(error, "  "))?;
     }

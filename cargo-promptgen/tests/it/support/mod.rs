@@ -126,6 +126,13 @@ cargo-promptgen = {{ path = "{}", default-features = false, features = ["online"
     }
 }
 
+/// The sentence of the example's `prompts/step_04_app.md` as the step was first recorded, and
+/// as it reads now: the change the example's step 04 was re-run by edit for (see
+/// `prompts/scripts/step_04_app.toml`).
+pub const PROMPT_04_FIRST: &str = "Give it a `///` doc comment. Write nothing else in the file.";
+pub const PROMPT_04_CHANGED: &str =
+    "Give it a `///` doc comment that also says what it returns on an error. Write nothing\nelse in the file.";
+
 /// serde (with its derive) and serde_json: the crates.io dependencies of [`Package::realistic`].
 pub const SERDE_DEPENDENCIES: &str = "serde = { version = \"1\", features = [\"derive\"] }\nserde_json = \"1\"\n";
 
