@@ -874,10 +874,7 @@ impl<'a> Run<'a> {
     /// How to fix what a check found: by edit, where the first error is in a file of the
     /// step's, naming it and its line.
     fn how_to_repair(&self, diagnostics: &Diagnostics) -> String {
-        let edit = match self.protocol {
-            ToolProtocol::Blocks => "an @@@edit_begin block",
-            _ => "edit_file",
-        };
+        let edit = self.protocol.edit_named();
         let first = diagnostics.findings.errors.iter().find_map(|finding| {
             let file = finding.file.as_ref()?;
             let normal = crate::sandbox::normalized(file).ok()?;

@@ -88,10 +88,7 @@ impl Revision {
                 .to_string();
             out.push_str(&format!("\n\nThe task's text changed like this:\n{}", fenced(&diff, "diff")));
         }
-        let edit = match protocol {
-            ToolProtocol::Blocks => "an @@@edit_begin block",
-            _ => "edit_file",
-        };
+        let edit = protocol.edit_named();
         out.push_str(&format!(
             "\n\nStart from those files: change the lines this requires with {edit} and keep every other line exactly \
              as it is; write a file whole only when most of it must change. When the files do what the task says now, \

@@ -35,6 +35,15 @@ impl ToolProtocol {
             ToolProtocol::Blocks => "blocks",
         }
     }
+
+    /// How a model changes a few lines of a file in this protocol, as the instructions name
+    /// it: `edit_file`, or an `@@@edit_begin` block.
+    pub fn edit_named(self) -> &'static str {
+        match self {
+            ToolProtocol::Blocks => "an @@@edit_begin block",
+            ToolProtocol::Native | ToolProtocol::Json => crate::tools::EDIT_FILE,
+        }
+    }
 }
 
 impl fmt::Display for ToolProtocol {
