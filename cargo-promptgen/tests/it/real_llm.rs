@@ -772,6 +772,60 @@ fn constrained_replies_are_runnable_calls_in_every_protocol() {
     }
 }
 
+/// A re-run by edit against the real server: the recorded file is in place, `edit_file` is
+/// among what the constraint admits, and every reply is a call the loop runs, in every
+/// protocol (an `edit_file` call included: its `old` and `new` arrive well-formed). What the
+/// model makes of the file is its own; the calls it sent are printed.
+#[test]
+#[ignore = "needs a real llama.cpp server: run scripts/real-llm.sh"]
+fn a_re_run_by_edit_gets_only_runnable_calls_and_edit_file_among_them() {
+    let _watch = ServerWatch;
+    const RECORDED: &str = "pub fn one() -> u32 {\n    2\n}\n";
+    let mut tools_used: Vec<String> = Vec::new();
+    for protocol in ToolProtocol::ALL {
+        let (mut sent, mut runnable) = (0, 0);
+        for seed in 1..=2 {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(dir.path().join("out")).unwrap();
+            std::fs::write(dir.path().join("out/a.rs"), RECORDED).unwrap();
+            let mut sandbox = Sandbox::builder(dir.path().join("out")).build().unwrap();
+            let mut config = BackendConfig::new(BackendKind::OpenAi);
+            config.base_url = Some(server_url());
+            config.max_output_tokens = 160;
+            config.http.request_timeout = Duration::from_secs(300);
+            let mut backend = config.open().unwrap();
+            let mut step =
+                Step::new("smollm2", "In a.rs, `one` must return 1, not 2. Change that line, then finish.\n");
+            step.system_prompt(format!(
+                "This task was done before: a.rs is in place:\n```\n{RECORDED}```\nChange the line this requires with {} and keep every other line.",
+                protocol.edit_named()
+            ));
+            step.protocol(protocol).seed(seed).temperature(0.7).max_model_calls(3).expect_output("a.rs");
+            let result = step.run(backend.as_mut(), &mut sandbox);
+            if let Err(failure) = &result {
+                assert!(matches!(failure.error, Error::BudgetExhausted { .. }), "unexpected failure: {failure}");
+            }
+            let transcript = transcript(&result);
+            let replies = transcript.replies();
+            sent += replies.sent;
+            runnable += replies.runnable;
+            for event in &transcript.events {
+                if let Event::ToolRun { tool, ok, .. } = event {
+                    tools_used.push(format!("{protocol} {tool}{}", if *ok { "" } else { " (refused)" }));
+                }
+            }
+            let now = std::fs::read_to_string(dir.path().join("out/a.rs")).unwrap();
+            println!("MEASURE {} re-run by edit {protocol} seed {seed}: a.rs {:?}", server_kind(), now);
+        }
+        println!(
+            "MEASURE {} re-run by edit {protocol}: {runnable} of {sent} replies were one runnable call",
+            server_kind()
+        );
+        assert_eq!(runnable, sent, "{protocol}: every constrained reply is a runnable call");
+    }
+    println!("MEASURE {} re-run by edit, the calls run: {tools_used:?}", server_kind());
+}
+
 /// Why a `native` step is carried in `json` on llama-server: asked with `tool_choice:
 /// "required"`, it still lets the model answer in prose (its grammar for a template without a
 /// tool-call prefix of its own admits text before the call), so no native request can be made
