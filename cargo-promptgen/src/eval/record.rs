@@ -84,9 +84,9 @@ impl RunPlan {
     /// each, every protocol, then every `constrain` value, then every `regenerate` mode the
     /// run varies.
     pub fn variants(&self) -> Vec<Variant> {
-        let protocols = each_or_configured(&self.protocols);
-        let constrain = each_or_configured(&self.constrain);
-        let regenerate = each_or_configured(&self.regenerate);
+        let protocols = each_or_default(&self.protocols);
+        let constrain = each_or_default(&self.constrain);
+        let regenerate = each_or_default(&self.regenerate);
         let mut variants = Vec::new();
         for (index, model) in self.models.iter().enumerate() {
             for &protocol in &protocols {
@@ -109,7 +109,7 @@ impl RunPlan {
 
 /// Each value a run varies, or when it varies none a single `None`, which the trials read as
 /// their default (the step's configured protocol and constraint; a start from nothing).
-fn each_or_configured<T: Copy>(values: &[T]) -> Vec<Option<T>> {
+fn each_or_default<T: Copy>(values: &[T]) -> Vec<Option<T>> {
     if values.is_empty() { vec![None] } else { values.iter().copied().map(Some).collect() }
 }
 
@@ -659,7 +659,11 @@ mod tests {
             "prompt_tokens":1,"completion_tokens":1,"wall_ms":5,"transcript":null,"output_hash":null,"files":[]}"#;
         let mut trial: TrialRecord = serde_json::from_str(old).unwrap();
         assert_eq!((trial.regenerate, trial.made_from.len(), trial.diff_lines), (Regenerate::Fresh, 0, None));
-        assert!(!variants[0].holds(&trial) && only_regenerate.holds(&trial));
+        let edit_only = Variant { regenerate: Some(Regenerate::Edit), ..only_regenerate.clone() };
+        assert!(
+            only_regenerate.holds(&trial) && !edit_only.holds(&trial),
+            "it is of the fresh rows, not the edit ones"
+        );
         trial.regenerate = Regenerate::Edit;
         trial.made_from = vec![LockedFile { path: "a.rs".into(), sha256: "0".repeat(64) }];
         trial.diff_lines = Some(2);
