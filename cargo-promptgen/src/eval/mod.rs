@@ -1,7 +1,7 @@
-//! `cargo promptgen eval`: how reliable a chain is, per step and per model, protocol and
-//! constraint.
+//! `cargo promptgen eval`: how reliable a chain is, per step and per model, protocol,
+//! constraint and way of starting (by edit or from nothing).
 //!
-//! A *trial* is one step × model × protocol × constraint × seed: the whole loop, in a
+//! A *trial* is one step × model × protocol × constraint × start × seed: the whole loop, in a
 //! throwaway copy of the tree, with the step's check (the crate check and, with `check =
 //! "cargo test"`, the crate's tests), as `cargo promptgen` would run it. The steps it runs
 //! after contribute their recorded files, so that each step is measured on its own; with
@@ -9,7 +9,11 @@
 //! before it wrote in the same trial. Seeds are `seed, seed + 1, ...` from the step's
 //! configured seed (0 when none). The protocol and the constraint are the step's own unless
 //! the run varies them (`--protocol`, `--constrain`), so that constrained and unconstrained
-//! decoding can be compared on the same steps and seeds.
+//! decoding can be compared on the same steps and seeds. A trial starts from nothing unless
+//! the run asks for trials by edit (`--regenerate edit`): those start from the step's recorded
+//! outputs and are told why the step would run again (nothing, when it is not stale), as a
+//! re-run by edit is. Every trial measures its diff from the recorded outputs, so that the
+//! two ways can be compared by the diff a reviewer would read and the tokens they cost.
 //!
 //! Nothing here writes the lock, the store or the pending area: a trial's files live in its
 //! scratch folder, its check uses a check folder of its own worker, and what is kept goes to
@@ -39,17 +43,18 @@ use codegen_core::{Cancel, Constrain, ToolProtocol};
 use serde_json::json;
 
 use crate::check::setup::{CheckSetup, check_for};
-use crate::config::{Chain, CheckSpec, StepConfig};
+use crate::config::{Chain, CheckSpec, Regenerate, StepConfig};
 use crate::error::{Error, report};
 use crate::files::{Files, overlay, read_tree, sync_dir};
 use crate::hash::sha256_hex;
-use crate::plan::assess::plan;
+use crate::plan::assess::{StepState, plan};
 use crate::record::layout::Layout;
 use crate::record::lock::LockedFile;
 use crate::record::records::Records;
 use crate::run::attempt::{Attempted, Surroundings, attempt};
 use crate::run::attempts;
 use crate::run::progress::Progress;
+use crate::run::revision::Revision;
 use crate::run::surroundings::{recorded_files, the_rest_of_the_chain};
 use error::EvalError;
 use record::{RunDir, RunPlan, TrialRecord, Variant, Verdict};
@@ -67,7 +72,10 @@ pub struct Spec {
     /// Whether the server is asked to enforce the protocol (`--constrain`); empty for each
     /// step's configured `constrain`.
     pub constrain: Vec<Constrain>,
-    /// Trials per step × variant (model, protocol, constraint).
+    /// How the trials start (`--regenerate`): by edit from the step's recorded outputs, or
+    /// from nothing; empty for from nothing alone, as before the flag.
+    pub regenerate: Vec<Regenerate>,
+    /// Trials per step × variant (model, protocol, constraint, regenerate).
     pub seeds: u32,
     /// Run the whole chain fresh in each trial (`--chain`).
     pub chain: bool,
@@ -103,6 +111,9 @@ pub enum Report {
         /// Whether the run varies the protocol or the constraint, so that a trial's line
         /// should name them.
         varies_decoding: bool,
+        /// Whether the run compares trials by edit with trials from nothing, so that a trial's
+        /// line should say how it started.
+        varies_regenerate: bool,
     },
     /// A trial (or with `--chain`, a chain trial's step) finished and was recorded.
     Finished(Box<TrialRecord>),
@@ -186,6 +197,10 @@ fn chain_trials(trials: &[TrialRecord]) -> Vec<TrialRecord> {
                 model: steps[0].model.clone(),
                 protocol: if steps.iter().all(|s| &s.protocol == protocol) { protocol.clone() } else { String::new() },
                 constrain: steps[0].constrain,
+                regenerate: steps[0].regenerate,
+                made_from: steps.iter().flat_map(|s| s.made_from.iter().cloned()).collect(),
+                // A skipped step has none: the chain trial failed, and no row averages its diff.
+                diff_lines: steps.iter().map(|s| s.diff_lines).sum(),
                 constrained: all(&|s| s.constrained),
                 replies: steps.iter().map(|s| s.replies).sum(),
                 runnable_replies: steps.iter().map(|s| s.runnable_replies).sum(),
@@ -318,6 +333,7 @@ pub fn start(
         models,
         protocols: distinct(&spec.protocols),
         constrain: distinct(&spec.constrain),
+        regenerate: distinct(&spec.regenerate),
         seeds: spec.seeds,
         temperature: spec.temperature,
         keys,
@@ -411,6 +427,7 @@ fn rejudge(
         trials: judged.len(),
         done: trials.len(),
         varies_decoding: plan.varies_decoding(),
+        varies_regenerate: plan.varies_regenerate(),
     });
     let records = Records::read(layout)?;
     let recorded = recorded_files(chain, &records);
@@ -531,6 +548,9 @@ struct Work<'a> {
     variants: Vec<Variant>,
     /// Each step's recorded files before the run (pending results first, as a build).
     recorded: BTreeMap<String, Files>,
+    /// What each evaluated step's trials by edit start from, when the run has such trials and
+    /// the step has recorded outputs.
+    revisions: BTreeMap<String, Revision>,
     gate: Gate,
     cancel: Cancel,
 }
@@ -565,6 +585,7 @@ fn execute(
         trials: total,
         done: trials.len(),
         varies_decoding: plan.varies_decoding(),
+        varies_regenerate: plan.varies_regenerate(),
     });
     let recorded = recorded_files(chain, records);
     if !plan.chain {
@@ -584,6 +605,8 @@ fn execute(
             }
         }
     }
+    let revisions =
+        if plan.regenerate.contains(&Regenerate::Edit) { revisions(chain, &plan, records)? } else { BTreeMap::new() };
     let requests = pace.requests.unwrap_or_else(|| if serves_one_at_a_time(chain) { 1 } else { pace.jobs.max(1) });
     let work = Work {
         chain,
@@ -592,6 +615,7 @@ fn execute(
         plan: &plan,
         variants,
         recorded,
+        revisions,
         gate: Gate::new(requests.max(1)),
         cancel: pace.cancel.clone(),
     };
@@ -650,8 +674,42 @@ fn execute(
         return Err(error);
     }
     let left = total.saturating_sub(trials.len());
-    let warnings = warnings(chain, &plan);
+    let mut warnings = warnings(chain, &plan);
+    if plan.regenerate.contains(&Regenerate::Edit) {
+        let nothing: Vec<&str> =
+            plan.steps.iter().filter(|id| !work.revisions.contains_key(*id)).map(String::as_str).collect();
+        if !nothing.is_empty() {
+            let (steps, have) = if nothing.len() == 1 { ("step", "has") } else { ("steps", "have") };
+            warnings.push(format!(
+                "{steps} {} {have} no recorded outputs: {} trials by edit started from nothing, as fresh ones do \
+                 (their records say so: `made_from` is empty). Record {} with `cargo promptgen -p {}` to measure \
+                 edits.",
+                nothing.join(", "),
+                if nothing.len() == 1 { "its" } else { "their" },
+                if nothing.len() == 1 { "it" } else { "them" },
+                chain.package_name
+            ));
+        }
+    }
     Ok(Outcome { run, plan, trials, left, warnings })
+}
+
+/// What each of the plan's steps starts from in a trial by edit: its recorded outputs, and why
+/// it would run again (the plan's reasons when it is stale, none when it is not). A step with
+/// nothing recorded has none: its trials by edit start from nothing.
+fn revisions(chain: &Chain, plan: &RunPlan, records: &Records) -> Result<BTreeMap<String, Revision>, EvalError> {
+    let mut revisions = BTreeMap::new();
+    for assessed in crate::plan::assess::plan(chain, records)? {
+        let Some(step) = chain.step(&assessed.id).filter(|s| plan.steps.contains(&s.id)) else { continue };
+        let reasons = match assessed.state {
+            StepState::Stale(reasons) => reasons,
+            StepState::Fresh | StepState::Pending => Vec::new(),
+        };
+        if let Some(revision) = Revision::for_trial(step, records, &reasons) {
+            revisions.insert(step.id.clone(), revision);
+        }
+    }
+    Ok(revisions)
 }
 
 /// Whether the chain's server is likely one that serves a request at a time: any Ollama (it
@@ -716,6 +774,9 @@ fn skipped(work: &Work<'_>, step: &StepConfig, variant: &Variant, seed: u64, nam
         model: variant.model.clone(),
         protocol: variant.protocol.unwrap_or(step.protocol).as_str().to_string(),
         constrain: variant.constrain.unwrap_or(step.constrain),
+        regenerate: variant.mode(),
+        made_from: Vec::new(),
+        diff_lines: None,
         constrained: false,
         replies: 0,
         runnable_replies: 0,
@@ -769,13 +830,20 @@ fn run_trial(
     if let Some(temperature) = work.plan.temperature {
         step.temperature = Some(temperature);
     }
+    // A step with nothing recorded has no revision: its trial by edit starts from nothing.
+    let revision = match variant.mode() {
+        Regenerate::Edit => work.revisions.get(&step.id),
+        Regenerate::Fresh => None,
+    };
     let mut config = step.backend.clone();
     config.cancel = work.cancel.clone();
-    let backend = config.open().map_err(|source| Error::Backend { id: step.id.clone(), source })?;
+    // As `cargo promptgen` opens it: a script answers a re-run by edit from its own turns.
+    let opened = if revision.is_some() { config.open_for_edit() } else { config.open() };
+    let backend = opened.map_err(|source| Error::Backend { id: step.id.clone(), source })?;
     let mut backend = Gated { inner: backend, gate: &work.gate, cancel: &work.cancel };
     let (mounted, later) = the_rest_of_the_chain(chain, index, &work.recorded);
     let check_tree = work.layout.check_tree_dir(&format!(".eval-{slot}"));
-    let surroundings = Surroundings { tree, mounted, later, check_tree, cancel: &work.cancel, revision: None };
+    let surroundings = Surroundings { tree, mounted, later, check_tree, cancel: &work.cancel, revision };
     let mut quiet = |_: Progress| {};
     let progress: RefCell<&mut dyn FnMut(Progress)> = RefCell::new(&mut quiet);
     let started = Instant::now();
@@ -797,11 +865,23 @@ fn run_trial(
     let finish_asked =
         outcome.is_ok() || transcript.events.iter().any(|e| matches!(e, Event::Check { asked_by_model: false, .. }));
     let transcript_path = work.run.write_transcript(name, &transcript.to_jsonl(Volatility::Keep))?;
+    // The step's outputs as the trial left them: a failed trial's `files` are only those it
+    // changed, so the recorded files it started from and kept are added back.
+    let mut ended: Files = revision.map(|r| r.files.clone()).unwrap_or_default();
+    ended.extend(files);
     let mut judged = tree.clone();
-    judged.extend(files.iter().map(|(p, b)| (p.clone(), b.clone())));
+    judged.extend(ended.iter().map(|(p, b)| (p.clone(), b.clone())));
     sync_dir(&work.run.tree_dir(name), &judged)?;
+    let recorded: Files = work
+        .recorded
+        .get(&step.id)
+        .into_iter()
+        .flatten()
+        .filter(|(path, _)| step.outputs.contains(*path))
+        .map(|(path, bytes)| (path.clone(), bytes.clone()))
+        .collect();
     let locked: Vec<LockedFile> =
-        files.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect();
+        ended.iter().map(|(path, bytes)| LockedFile { path: path.clone(), sha256: sha256_hex(bytes) }).collect();
     let output_hash = (!locked.is_empty()).then(|| {
         let listing: String = locked.iter().map(|f| format!("{}\0{}\n", f.path, f.sha256)).collect();
         sha256_hex(listing.as_bytes())
@@ -813,6 +893,9 @@ fn run_trial(
         model: model_name.clone(),
         protocol: step.protocol.as_str().to_string(),
         constrain: step.constrain,
+        regenerate: variant.mode(),
+        made_from: revision.map(Revision::made_from).unwrap_or_default(),
+        diff_lines: Some(score::diff_lines(&recorded, &ended)),
         constrained: enforced(transcript),
         replies: replies.sent,
         runnable_replies: replies.runnable,
@@ -833,7 +916,7 @@ fn run_trial(
         output_hash,
         files: locked,
     };
-    Ok(Some((record, files)))
+    Ok(Some((record, ended)))
 }
 
 /// Whether the server enforced the step's protocol: the step planned a constraint and some

@@ -16,6 +16,7 @@ use codegen_core::{Constrain, ToolProtocol};
 use serde::{Deserialize, Serialize};
 
 use super::error::EvalError;
+use crate::config::Regenerate;
 use crate::record::layout::Layout;
 use crate::record::lock::LockedFile;
 
@@ -50,6 +51,11 @@ pub struct RunPlan {
     /// empty for each step's configured `constrain`.
     #[serde(default)]
     pub constrain: Vec<Constrain>,
+    /// How the trials start (`--regenerate`), in the order given: by edit from the step's
+    /// recorded outputs, or from nothing. Empty when the run does not vary it: its trials then
+    /// start from nothing, as every trial did before the flag.
+    #[serde(default, with = "modes::list")]
+    pub regenerate: Vec<Regenerate>,
     /// Trials per step × variant: seeds `seed .. seed + seeds`.
     pub seeds: u32,
     /// `--temperature`, when it replaced the configured one.
@@ -69,18 +75,31 @@ impl RunPlan {
         !self.protocols.is_empty() || !self.constrain.is_empty()
     }
 
+    /// Whether the run compares trials by edit with trials from nothing (`--regenerate`).
+    pub fn varies_regenerate(&self) -> bool {
+        !self.regenerate.is_empty()
+    }
+
     /// What the run compares besides its steps, in the order of its rows: each model, and for
-    /// each, every protocol and then every `constrain` value the run varies.
+    /// each, every protocol, then every `constrain` value, then every `regenerate` mode the
+    /// run varies.
     pub fn variants(&self) -> Vec<Variant> {
-        let protocols: Vec<Option<ToolProtocol>> =
-            if self.protocols.is_empty() { vec![None] } else { self.protocols.iter().copied().map(Some).collect() };
-        let constrain: Vec<Option<Constrain>> =
-            if self.constrain.is_empty() { vec![None] } else { self.constrain.iter().copied().map(Some).collect() };
+        let protocols = each_or_default(&self.protocols);
+        let constrain = each_or_default(&self.constrain);
+        let regenerate = each_or_default(&self.regenerate);
         let mut variants = Vec::new();
         for (index, model) in self.models.iter().enumerate() {
             for &protocol in &protocols {
                 for &constrain in &constrain {
-                    variants.push(Variant { model_index: index, model: model.clone(), protocol, constrain });
+                    for &regenerate in &regenerate {
+                        variants.push(Variant {
+                            model_index: index,
+                            model: model.clone(),
+                            protocol,
+                            constrain,
+                            regenerate,
+                        });
+                    }
                 }
             }
         }
@@ -88,8 +107,15 @@ impl RunPlan {
     }
 }
 
+/// Each value a run varies, or when it varies none a single `None`, which the trials read as
+/// their default (the step's configured protocol and constraint; a start from nothing).
+fn each_or_default<T: Copy>(values: &[T]) -> Vec<Option<T>> {
+    if values.is_empty() { vec![None] } else { values.iter().copied().map(Some).collect() }
+}
+
 /// What a trial runs with besides its step and seed: a model and, where the run varies them,
-/// a protocol and whether the server is asked to enforce it.
+/// a protocol, whether the server is asked to enforce it, and whether the trial starts from
+/// the step's recorded outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Variant {
     /// The model's place in [`RunPlan::models`], which trial names use (`m0`, `m1`, ...).
@@ -101,12 +127,15 @@ pub struct Variant {
     pub protocol: Option<ToolProtocol>,
     /// Whether its requests are constrained; `None`: the step's configured `constrain`.
     pub constrain: Option<Constrain>,
+    /// Whether its trials start by edit from the step's recorded outputs or from nothing;
+    /// `None`: from nothing (`--regenerate` not given), as eval always did.
+    pub regenerate: Option<Regenerate>,
 }
 
 impl Variant {
-    /// Its part of a trial's name: `m0`, and then the protocol and `on`/`off` where the run
-    /// varies them (`m0.json.on`). Without either it is the name trials had before the two
-    /// flags existed, so that those runs still resume.
+    /// Its part of a trial's name: `m0`, and then the protocol, `on`/`off` and `edit`/`fresh`
+    /// where the run varies them (`m0.json.on.edit`). Without any it is the name trials had
+    /// before those flags existed, so that those runs still resume.
     pub fn tag(&self) -> String {
         let mut tag = format!("m{}", self.model_index);
         if let Some(protocol) = self.protocol {
@@ -117,21 +146,42 @@ impl Variant {
             tag.push('.');
             tag.push_str(on_off(constrain));
         }
+        if let Some(regenerate) = self.regenerate {
+            tag.push('.');
+            tag.push_str(regenerate.as_str());
+        }
         tag
+    }
+
+    /// How its trials start: by edit only when the run asks for it.
+    pub fn mode(&self) -> Regenerate {
+        self.regenerate.unwrap_or(Regenerate::Fresh)
     }
 
     /// Whether `trial` ran with this variant. A dimension the run does not vary matches any
     /// trial, since its trials all ran with their step's configured value (and trials of runs
     /// made before the flags record none).
     pub fn holds(&self, trial: &TrialRecord) -> bool {
-        ran_with(trial, &self.model, self.protocol, self.constrain)
+        ran_with(trial, &self.model, self.protocol, self.constrain, self.regenerate)
     }
 
-    /// How rows name it: the model alone when the run varies neither the protocol nor the
-    /// constraint (as before the flags), else `model · protocol · constrained` (or
-    /// `unconstrained`). A dimension the run does not vary is the one `trials` share, which is
-    /// their step's configured one.
+    /// How rows name it: the model alone when the run varies none of the protocol, the
+    /// constraint and how trials start (as before the flags); `model · protocol · constrained`
+    /// (or `unconstrained`) when it varies the protocol or the constraint, and then ` · by
+    /// edit` or ` · fresh` when it varies how trials start. Of the protocol and the constraint,
+    /// one the run does not vary is the one `trials` share, which is their step's configured
+    /// one.
     pub fn label(&self, trials: &[&TrialRecord]) -> String {
+        let decoding = self.decoding_label(trials);
+        match self.regenerate {
+            None => decoding,
+            Some(Regenerate::Edit) => format!("{decoding} · by edit"),
+            Some(Regenerate::Fresh) => format!("{decoding} · fresh"),
+        }
+    }
+
+    /// The model, and its protocol and constraint where the run varies either.
+    fn decoding_label(&self, trials: &[&TrialRecord]) -> String {
         if self.protocol.is_none() && self.constrain.is_none() {
             return self.model.clone();
         }
@@ -155,16 +205,73 @@ impl Variant {
     }
 }
 
-/// Whether `trial` ran with `model` and, where given, `protocol` and `constrain`.
+/// Whether `trial` ran with `model` and, where given, `protocol`, `constrain` and `regenerate`.
 pub(super) fn ran_with(
     trial: &TrialRecord,
     model: &str,
     protocol: Option<ToolProtocol>,
     constrain: Option<Constrain>,
+    regenerate: Option<Regenerate>,
 ) -> bool {
     trial.model == model
         && protocol.is_none_or(|protocol| trial.protocol == protocol.as_str())
         && constrain.is_none_or(|constrain| trial.constrain == constrain)
+        && regenerate.is_none_or(|regenerate| trial.regenerate == regenerate)
+}
+
+/// `Regenerate` in the files eval keeps, spelt as the manifest and `--regenerate` spell it
+/// (`edit`, `fresh`): the configuration's type is only ever read, so it has no `Serialize`.
+pub(super) mod modes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::config::Regenerate;
+
+    /// One mode.
+    pub mod one {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(mode: &Regenerate, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_str(mode.as_str())
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Regenerate, D::Error> {
+            Regenerate::deserialize(deserializer)
+        }
+    }
+
+    /// A mode where one was asked for.
+    pub mod optional {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(mode: &Option<Regenerate>, serializer: S) -> Result<S::Ok, S::Error> {
+            match mode {
+                Some(mode) => serializer.serialize_some(mode.as_str()),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Regenerate>, D::Error> {
+            Option::<Regenerate>::deserialize(deserializer)
+        }
+    }
+
+    /// The modes a run compares.
+    pub mod list {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(modes: &[Regenerate], serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(modes.iter().map(|mode| mode.as_str()))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Regenerate>, D::Error> {
+            Vec::<Regenerate>::deserialize(deserializer)
+        }
+    }
+}
+
+/// How trials of runs made before `--regenerate` started, and those of runs without it.
+fn from_nothing() -> Regenerate {
+    Regenerate::Fresh
 }
 
 /// `--constrain`'s spelling of a value: `on` for [`Constrain::Auto`] (constrained wherever the
@@ -176,12 +283,12 @@ pub fn on_off(constrain: Constrain) -> &'static str {
     }
 }
 
-/// One finished trial: a step × variant (model, protocol, constraint) × seed.
+/// One finished trial: a step × variant (model, protocol, constraint, regenerate) × seed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialRecord {
     /// Its name within the run: `<step>.<variant>.s<seed>` (with `--chain`,
     /// `chain<n>.<variant>.<step>`), used for its files; the variant is `m<model index>`, then
-    /// the protocol and `on`/`off` where the run varies them ([`Variant::tag`]).
+    /// the protocol, `on`/`off` and `edit`/`fresh` where the run varies them ([`Variant::tag`]).
     pub trial: String,
     /// The step.
     pub step: String,
@@ -201,6 +308,22 @@ pub struct TrialRecord {
     /// constraint leaves the step unconstrained, having generated nothing under it.)
     #[serde(default)]
     pub constrained: bool,
+    /// How the trial started: `edit`, from the step's recorded outputs (those in
+    /// `made_from`), or `fresh`, from nothing. Trials of runs that do not vary it (and of runs
+    /// made before `--regenerate`) started from nothing.
+    #[serde(default = "from_nothing", with = "modes::one")]
+    pub regenerate: Regenerate,
+    /// The recorded files the trial started from, each with its hash: empty for a trial from
+    /// nothing, and for a trial by edit of a step that has nothing recorded, which then started
+    /// from nothing too.
+    #[serde(default)]
+    pub made_from: Vec<LockedFile>,
+    /// The size of the diff between the step's recorded outputs (an empty tree when it has
+    /// none) and the outputs the trial ended with: lines added plus lines removed, over every
+    /// output it declares. `None` for a skipped trial, and in trials of runs made before it
+    /// was recorded.
+    #[serde(default)]
+    pub diff_lines: Option<u64>,
     /// The model's replies (model calls answered).
     #[serde(default)]
     pub replies: u32,
@@ -511,6 +634,42 @@ mod tests {
         assert_eq!(variant.label(&[]), "m · configured protocol · unconstrained");
         trial.constrain = Constrain::Auto;
         assert!(!variant.holds(&trial), "a constrained trial is not of the `off` variant");
+    }
+
+    #[test]
+    fn a_run_that_varies_how_trials_start_names_it_last_and_keeps_it_in_its_records() {
+        let plan: RunPlan = serde_json::from_str(
+            r#"{"package":"p","chain":false,"steps":["01"],"models":["m"],"seeds":1,"temperature":null,
+                "keys":[],"replay_of":null,"started_at":1,"constrain":["off"],"regenerate":["edit","fresh"]}"#,
+        )
+        .unwrap();
+        assert!(plan.varies_regenerate() && plan.varies_decoding());
+        let written = serde_json::to_value(&plan).unwrap();
+        assert_eq!(written["regenerate"], serde_json::json!(["edit", "fresh"]));
+        let variants = plan.variants();
+        let tags: Vec<String> = variants.iter().map(Variant::tag).collect();
+        assert_eq!(tags, ["m0.off.edit", "m0.off.fresh"]);
+        assert_eq!(variants[0].label(&[]), "m · configured protocol · unconstrained · by edit");
+        let only_regenerate = Variant { constrain: None, ..variants[1].clone() };
+        assert_eq!((only_regenerate.tag().as_str(), only_regenerate.label(&[]).as_str()), ("m0.fresh", "m · fresh"));
+
+        // A trial of a run made before the flag started from nothing, from no recorded file.
+        let old = r#"{"trial":"01.m0.s0","step":"01","model":"m","seed":0,"temperature":null,"passed":true,
+            "check":"passed","tests":null,"classes":[],"error":null,"finish_asked":true,"model_calls":2,
+            "prompt_tokens":1,"completion_tokens":1,"wall_ms":5,"transcript":null,"output_hash":null,"files":[]}"#;
+        let mut trial: TrialRecord = serde_json::from_str(old).unwrap();
+        assert_eq!((trial.regenerate, trial.made_from.len(), trial.diff_lines), (Regenerate::Fresh, 0, None));
+        let edit_only = Variant { regenerate: Some(Regenerate::Edit), ..only_regenerate.clone() };
+        assert!(
+            only_regenerate.holds(&trial) && !edit_only.holds(&trial),
+            "it is of the fresh rows, not the edit ones"
+        );
+        trial.regenerate = Regenerate::Edit;
+        trial.made_from = vec![LockedFile { path: "a.rs".into(), sha256: "0".repeat(64) }];
+        trial.diff_lines = Some(2);
+        let line = serde_json::to_string(&trial).unwrap();
+        assert!(line.contains(r#""regenerate":"edit""#) && line.contains(r#""diff_lines":2"#), "{line}");
+        assert_eq!(serde_json::from_str::<TrialRecord>(&line).unwrap(), trial);
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! Scoring trials: what each trial's end says (check, tests, failure classes), and the
-//! statistics of a row of trials (pass@1 with its Wilson interval, pass^k, medians and
-//! percentiles). Pure functions: nothing here runs anything.
+//! Scoring trials: what each trial's end says (check, tests, failure classes), how far its
+//! files are from the recorded ones, and the statistics of a row of trials (pass@1 with its
+//! Wilson interval, pass^k, means, medians and percentiles). Pure functions: nothing here
+//! runs anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,7 +11,9 @@ use codegen_core::transcript::{Event, Transcript};
 use codegen_core::{Constrain, ToolProtocol};
 use serde::{Deserialize, Serialize};
 
-use super::record::{TrialRecord, Variant, Verdict, ran_with};
+use super::record::{TrialRecord, Variant, Verdict, modes, ran_with};
+use crate::config::Regenerate;
+use crate::files::Files;
 
 /// What a trial's end says, as the row statistics need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +155,29 @@ fn budget_class(transcript: &Transcript) -> &'static str {
     }
 }
 
+/// The size of the diff from `recorded` to `ended`: lines added plus lines removed, file by
+/// file over the paths of both (a file only in one of them counts all its lines). Bytes that
+/// are not UTF-8 are read lossily: a line that differs still differs.
+pub fn diff_lines(recorded: &Files, ended: &Files) -> u64 {
+    let paths: BTreeSet<&String> = recorded.keys().chain(ended.keys()).collect();
+    let mut changed = 0u64;
+    for path in paths {
+        let text = |files: &Files| String::from_utf8_lossy(files.get(path).map_or(&[][..], Vec::as_slice)).into_owned();
+        let (before, after) = (text(recorded), text(ended));
+        if before == after {
+            continue;
+        }
+        let diff = similar::TextDiff::from_lines(&before, &after);
+        changed += diff.iter_all_changes().filter(|change| change.tag() != similar::ChangeTag::Equal).count() as u64;
+    }
+    changed
+}
+
+/// The arithmetic mean, `None` of nothing.
+pub fn mean(values: &[u64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<u64>() as f64 / values.len() as f64)
+}
+
 /// The 95 % Wilson score interval of `passed` successes in `trials`: unlike the plain
 /// p ± 1.96·sqrt(p(1-p)/n), it stays within [0, 1] and is not empty at 0 or n successes,
 /// which is where small evaluations live.
@@ -208,6 +234,10 @@ pub struct Row {
     /// (`--constrain`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constrain: Option<Constrain>,
+    /// How the row's trials started (`edit` or `fresh`), where the run varies it
+    /// (`--regenerate`).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "modes::optional")]
+    pub regenerate: Option<Regenerate>,
     /// Trials that ran (skipped ones excluded).
     pub trials: usize,
     /// Trials whose files passed the check (for `cargo test`: compiled).
@@ -237,6 +267,15 @@ pub struct Row {
     pub median_calls: u32,
     /// Median tokens per trial (prompt + completion).
     pub median_tokens: u64,
+    /// Tokens the model generated (completion tokens, as the server counted them), per trial
+    /// on average: what a re-run by edit is meant to save.
+    #[serde(default)]
+    pub mean_generated_tokens: f64,
+    /// The diff from the step's recorded outputs to each passing trial's (lines added plus
+    /// removed), on average: what a reviewer would read had the trial been recorded. `None`
+    /// when no trial passed (or the trials, of runs made before it, did not record it).
+    #[serde(default)]
+    pub mean_diff_lines: Option<f64>,
     /// Wall time per trial, median and 95th percentile, in milliseconds.
     pub wall_ms_p50: u64,
     /// See `wall_ms_p50`.
@@ -257,7 +296,7 @@ impl Row {
 
     /// Whether `trial` is one of the row's (skipped or not): of its step, with its variant.
     pub fn holds(&self, trial: &TrialRecord) -> bool {
-        trial.step == self.step && ran_with(trial, &self.model, self.protocol, self.constrain)
+        trial.step == self.step && ran_with(trial, &self.model, self.protocol, self.constrain, self.regenerate)
     }
 }
 
@@ -298,12 +337,17 @@ fn row(step: &str, variant: &Variant, trials: &[&TrialRecord], k: usize, min_pas
     let calls: Vec<u32> = ran.iter().map(|t| t.model_calls).collect();
     let tokens: Vec<u64> = ran.iter().map(|t| t.prompt_tokens + t.completion_tokens).collect();
     let wall: Vec<u64> = ran.iter().map(|t| t.wall_ms).collect();
+    let generated: Vec<u64> = ran.iter().map(|t| t.completion_tokens).collect();
+    // Only a passing trial would have been recorded, so only its diff is one a reviewer reads;
+    // a failed one, stopped half-way or never started, would only blur it.
+    let diffs: Vec<u64> = ran.iter().filter(|t| t.passed).filter_map(|t| t.diff_lines).collect();
     Row {
         step: step.to_string(),
         model: variant.model.clone(),
         variant: variant.label(trials),
         protocol: variant.protocol,
         constrain: variant.constrain,
+        regenerate: variant.regenerate,
         trials: n,
         passed_check: ran.iter().filter(|t| t.check == Verdict::Passed).count(),
         passed_tests: with_tests.then(|| ran.iter().filter(|t| t.tests == Some(Verdict::Passed)).count()),
@@ -317,6 +361,8 @@ fn row(step: &str, variant: &Variant, trials: &[&TrialRecord], k: usize, min_pas
         runnable_replies: ran.iter().map(|t| u64::from(t.runnable_replies)).sum(),
         median_calls: percentile(&calls, 0.5).unwrap_or(0),
         median_tokens: percentile(&tokens, 0.5).unwrap_or(0),
+        mean_generated_tokens: mean(&generated).unwrap_or(0.0),
+        mean_diff_lines: mean(&diffs),
         wall_ms_p50: percentile(&wall, 0.5).unwrap_or(0),
         wall_ms_p95: percentile(&wall, 0.95).unwrap_or(0),
         skipped,
@@ -396,6 +442,9 @@ mod tests {
             model: "m".into(),
             protocol: protocol.as_str().into(),
             constrain,
+            regenerate: Regenerate::Fresh,
+            made_from: Vec::new(),
+            diff_lines: None,
             constrained: constrain == Constrain::Auto,
             replies,
             runnable_replies,
@@ -425,6 +474,7 @@ mod tests {
             model: "m".into(),
             protocol: Some(protocol),
             constrain: Some(constrain),
+            regenerate: None,
         };
         let variants = [variant(ToolProtocol::Json, Constrain::Auto), variant(ToolProtocol::Json, Constrain::Off)];
         let trials = [
@@ -444,6 +494,67 @@ mod tests {
             (0, Some(ToolProtocol::Json), Some(Constrain::Off))
         );
         assert!(rows[0].holds(&trials[0]) && !rows[0].holds(&trials[1]) && !rows[0].holds(&trials[4]));
+    }
+
+    fn files(entries: &[(&str, &str)]) -> Files {
+        entries.iter().map(|(path, text)| (path.to_string(), text.as_bytes().to_vec())).collect()
+    }
+
+    #[test]
+    fn the_diff_counts_lines_added_and_removed_in_every_file_of_either_tree() {
+        let recorded = files(&[("a.rs", "fn a() {\n    1\n}\n"), ("b.rs", "b\n")]);
+        assert_eq!(diff_lines(&recorded, &recorded), 0);
+        // One line replaced: one removed, one added.
+        let edited = files(&[("a.rs", "fn a() {\n    2\n}\n"), ("b.rs", "b\n")]);
+        assert_eq!(diff_lines(&recorded, &edited), 2);
+        // A file gone counts each of its lines removed, a new one each of its lines added.
+        let moved = files(&[("a.rs", "fn a() {\n    1\n}\n"), ("c.rs", "c\nc\n")]);
+        assert_eq!(diff_lines(&recorded, &moved), 1 + 2);
+        // Against an empty tree (nothing recorded), every line is added.
+        assert_eq!(diff_lines(&Files::new(), &recorded), 4);
+        // A last line that loses its newline is a changed line.
+        assert_eq!(diff_lines(&files(&[("b.rs", "b\n")]), &files(&[("b.rs", "b")])), 2);
+    }
+
+    #[test]
+    fn a_row_averages_generated_tokens_over_its_trials_and_diffs_over_the_passing_ones() {
+        assert_eq!(mean(&[]), None);
+        assert_eq!(mean(&[1, 2]), Some(1.5));
+        let variant = |regenerate| Variant {
+            model_index: 0,
+            model: "m".into(),
+            protocol: None,
+            constrain: None,
+            regenerate: Some(regenerate),
+        };
+        let started = |regenerate, passed, completion_tokens, diff_lines| TrialRecord {
+            regenerate,
+            passed,
+            completion_tokens,
+            diff_lines,
+            ..trial(ToolProtocol::Native, Constrain::Auto, 2, 2)
+        };
+        let trials = [
+            started(Regenerate::Edit, true, 10, Some(2)),
+            started(Regenerate::Edit, true, 20, Some(4)),
+            // Failed half-way: its tokens were spent, its diff would never be read.
+            started(Regenerate::Edit, false, 30, Some(40)),
+            started(Regenerate::Fresh, false, 90, Some(9)),
+        ];
+        let rows =
+            rows(&trials, &["01".into()], &[variant(Regenerate::Edit), variant(Regenerate::Fresh)], 1, &|_| None);
+        let shown: Vec<(&str, usize, f64, Option<f64>)> =
+            rows.iter().map(|r| (r.variant.as_str(), r.trials, r.mean_generated_tokens, r.mean_diff_lines)).collect();
+        assert_eq!(shown, [("m · by edit", 3, 20.0, Some(3.0)), ("m · fresh", 1, 90.0, None)]);
+        assert_eq!(rows[0].regenerate, Some(Regenerate::Edit));
+        assert!(rows[0].holds(&trials[2]) && !rows[0].holds(&trials[3]));
+        let json = serde_json::to_value(&rows[1]).unwrap();
+        assert_eq!(
+            (&json["regenerate"], &json["mean_diff_lines"]),
+            (&serde_json::json!("fresh"), &serde_json::Value::Null)
+        );
+        let back: Row = serde_json::from_value(json).unwrap();
+        assert_eq!(back, rows[1]);
     }
 
     #[test]

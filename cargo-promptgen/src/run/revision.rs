@@ -42,21 +42,27 @@ impl Revision {
         if step.regenerate == Regenerate::Fresh {
             return None;
         }
-        let pending_store = Storage::Folder(records.pending_store.clone());
-        let pending = records.pending.as_ref().and_then(|lock| lock.step(&step.id)).map(|e| (e, &pending_store));
-        let committed = records.lock.step(&step.id).map(|e| (e, &records.store));
-        let (entry, storage, files) = [pending, committed]
-            .into_iter()
-            .flatten()
-            .find_map(|(entry, storage)| storage.load(entry).ok().map(|files| (entry, storage, files)))?;
+        let (entry, storage, files) = recorded(step, records)?;
         if entry.key == key {
             return None;
         }
-        let files: Files = files.into_iter().filter(|(path, _)| step.outputs.contains(path)).collect();
-        if files.is_empty() {
-            return None;
-        }
-        Some(Revision { files, reasons: reasons.to_vec(), previous_prompt: previous_prompt(storage, entry) })
+        let files = still_declared(step, files)?;
+        Some(Revision { files, reasons: reasons.to_vec(), previous_prompt: previous_prompt(&storage, entry) })
+    }
+
+    /// What an eval trial by edit of `step` starts from: its recorded outputs, found as [`of`]
+    /// finds them (the pending result, else the committed one, as far as its files read whole
+    /// and it still declares them), whatever the step's `regenerate` says and even when the
+    /// record has today's key. A trial measures how a model revises the recorded files, so that
+    /// nothing changed is a case to measure too: the model is then told that nothing it depends
+    /// on changed, and the best answer is to finish without an edit. `reasons`: why the step is
+    /// stale, empty when it is not. `None` when nothing is recorded.
+    ///
+    /// [`of`]: Revision::of
+    pub fn for_trial(step: &StepConfig, records: &Records, reasons: &[String]) -> Option<Revision> {
+        let (entry, storage, files) = recorded(step, records)?;
+        let files = still_declared(step, files)?;
+        Some(Revision { files, reasons: reasons.to_vec(), previous_prompt: previous_prompt(&storage, entry) })
     }
 
     /// The lock's provenance entry: each file started from, with its hash.
@@ -105,6 +111,27 @@ impl Revision {
         }
         out
     }
+}
+
+/// `step`'s recorded result whose files read whole and hash as its lock says: the pending
+/// one, else the committed one; with where it was read from.
+fn recorded<'r>(step: &StepConfig, records: &'r Records) -> Option<(&'r LockedStep, Storage, Files)> {
+    let pending = records
+        .pending
+        .as_ref()
+        .and_then(|lock| lock.step(&step.id))
+        .map(|entry| (entry, Storage::Folder(records.pending_store.clone())));
+    let committed = records.lock.step(&step.id).map(|entry| (entry, records.store.clone()));
+    [pending, committed]
+        .into_iter()
+        .flatten()
+        .find_map(|(entry, storage)| storage.load(entry).ok().map(|files| (entry, storage, files)))
+}
+
+/// Those of `files` that `step` still declares; `None` when none is left.
+fn still_declared(step: &StepConfig, files: Files) -> Option<Files> {
+    let files: Files = files.into_iter().filter(|(path, _)| step.outputs.contains(path)).collect();
+    (!files.is_empty()).then_some(files)
 }
 
 /// The prompt of the run that recorded `entry`: the first user message of its transcript,

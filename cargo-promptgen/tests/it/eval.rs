@@ -10,7 +10,10 @@
 //! `--replay` makes no request and judges the kept files by today's tests; an interrupted run
 //! resumes without running its finished trials again; `--chain`; a step whose dependency has
 //! no recorded output is refused with the fix; `--protocol` and `--constrain` against the fake
-//! server seen as llama-server, a row per protocol × constraint with its runnable replies.
+//! server seen as llama-server, a row per protocol × constraint with its runnable replies;
+//! `--regenerate edit,fresh`, a row per way of starting with the diff from the recorded file
+//! and the tokens generated, trials by edit told what changed (or that nothing did), and by
+//! edit of a step with nothing recorded, from nothing and saying so.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -598,7 +601,7 @@ fn protocols_and_constraints_are_rows_of_their_own_and_only_constrained_trials_s
 }
 
 #[test]
-fn unknown_protocols_and_constraint_values_are_usage_errors_naming_the_allowed_ones() {
+fn unknown_protocols_constraint_and_regenerate_values_are_usage_errors_naming_the_allowed_ones() {
     let server = server();
     let package = package(METADATA);
     for (args, says) in [
@@ -607,6 +610,9 @@ fn unknown_protocols_and_constraint_values_are_usage_errors_naming_the_allowed_o
         (&["--constrain", "maybe"][..], &["maybe", "on", "off"][..]),
         (&["--resume", "--protocol", "json"][..], &["--protocol"][..]),
         (&["--replay", "some-run", "--constrain", "off"][..], &["--constrain"][..]),
+        (&["--regenerate", "rewrite"][..], &["rewrite", "edit", "fresh"][..]),
+        (&["--resume", "--regenerate", "edit"][..], &["--regenerate"][..]),
+        (&["--replay", "some-run", "--regenerate", "fresh"][..], &["--regenerate"][..]),
     ] {
         let out = promptgen_offline(&package, &server, &[&["eval"][..], args].concat());
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
@@ -616,4 +622,236 @@ fn unknown_protocols_and_constraint_values_are_usage_errors_naming_the_allowed_o
         }
     }
     assert_eq!(server.requests().len(), 0);
+}
+
+/// One step writing `a.rs` on Ollama, with no check: the trials below are about how a step
+/// starts and what it changes, not about the code.
+const REGENERATE_ONE_STEP: &str = r#"
+[package.metadata.promptgen]
+backend = "ollama"
+model = "fake-coder"
+seed = 1
+temperature = 0.7
+max_model_calls = 4
+
+[[package.metadata.promptgen.steps]]
+id = "01"
+prompt = "prompts/01.md"
+outputs = ["a.rs"]
+check = "none"
+"#;
+
+/// `a.rs` as the first prompt has it written, and recorded.
+const A_RECORDED: &str = "pub fn a() -> &'static str {\n    \"a\"\n}\n";
+/// `a.rs` as a trial from nothing writes it after the prompt asks for `a1`: three lines from
+/// [`A_RECORDED`] (a doc comment added, the value's line replaced).
+const A_REWRITTEN: &str = "/// The first letter.\npub fn a() -> &'static str {\n    \"a1\"\n}\n";
+/// `a.rs` as a trial by edit leaves it after the same change: one line replaced.
+const A_EDITED: &str = "pub fn a() -> &'static str {\n    \"a1\"\n}\n";
+/// The prompt after the change.
+const PROMPT_A1: &str = "Write a.rs with fn a returning \"a1\".\n";
+
+/// The system message of a request: where a trial by edit is told what it starts from.
+fn system_of(body: &Value) -> &str {
+    body["messages"][0]["content"].as_str().unwrap_or_default()
+}
+
+/// A model that revises what is in place and writes whole what is not. Told that its files are
+/// in place and nothing changed, it finishes at once; told the prompt changed, it replaces
+/// the one line the change needs with `edit_file`; from nothing it writes the file whole, as
+/// the prompt of the moment asks. Each call reports the tokens it generated.
+fn regenerate_answer(body: &Value) -> Option<Reply> {
+    let messages = body["messages"].as_array()?;
+    let first = !messages.iter().any(|m| m["role"] == "assistant");
+    let system = system_of(body);
+    let by_edit = system.contains("This task was done before");
+    let finish = Turn::call("finish", json!({"summary": "done"})).tokens(100, 3);
+    let turn = match (first, by_edit) {
+        (false, _) => finish,
+        (true, true) if system.contains("nothing it depends on changed") => finish,
+        (true, true) => {
+            Turn::call("edit_file", json!({"path": "a.rs", "old": "\"a\"", "new": "\"a1\""})).tokens(100, 12)
+        }
+        (true, false) => {
+            let content = if body.to_string().contains("returning \\\"a1\\\"") { A_REWRITTEN } else { A_RECORDED };
+            Turn::call("write_file", json!({"path": "a.rs", "content": content})).tokens(100, 80)
+        }
+    };
+    Some(Reply::turn(turn))
+}
+
+/// The chat requests' bodies, whatever else a backend asks its server.
+fn chats(requests: &[RecordedRequest]) -> Vec<Value> {
+    requests.iter().filter(|r| r.path.ends_with("/chat")).map(RecordedRequest::json).collect()
+}
+
+fn sha256(text: &str) -> String {
+    cargo_promptgen::__private::sha256_hex(text.as_bytes())
+}
+
+#[test]
+fn trials_by_edit_and_fresh_are_rows_of_their_own_with_their_diff_from_the_recorded_file_and_their_tokens() {
+    let server = FakeLlm::start(Vec::new());
+    server.respond_with(regenerate_answer);
+    let package = Package::lettered(REGENERATE_ONE_STEP, 1);
+    let trials_by_name = |run: &str| -> Vec<(String, Value)> {
+        let mut trials: Vec<(String, Value)> =
+            trials_of_run(run).into_iter().map(|t| (t["trial"].as_str().unwrap().to_string(), t)).collect();
+        trials.sort_by(|a, b| a.0.cmp(&b.0));
+        trials
+    };
+
+    // 1. Nothing recorded: a trial by edit starts from nothing, its record and the run say so,
+    //    and its diff is against an empty tree (the three lines it wrote).
+    let out =
+        promptgen_offline(&package, &server, &["eval", "--regenerate", "edit", "--seeds", "1", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = stderr(&out);
+    assert!(said.contains("  01 · fake-coder · by edit (nothing recorded: from nothing) · seed 1: passed"), "{said}");
+    assert!(
+        said.contains("warning: step 01 has no recorded outputs: its trials by edit started from nothing"),
+        "{said}"
+    );
+    let summary = json_of(&out);
+    let edit = &summary["rows"][0];
+    assert_eq!((edit["variant"].as_str(), edit["regenerate"].as_str()), (Some("fake-coder · by edit"), Some("edit")));
+    assert_eq!(edit["mean_diff_lines"], 3.0, "{edit:#}");
+    let trials = trials_by_name(summary["run"].as_str().unwrap());
+    assert_eq!(trials.len(), 1);
+    assert_eq!(trials[0].0, "01.m0.edit.s1");
+    assert_eq!((&trials[0].1["regenerate"], &trials[0].1["made_from"]), (&json!("edit"), &json!([])));
+    assert!(!system_of(&chats(&server.requests())[0]).contains("This task was done before"));
+
+    // 2. Recorded, and nothing changed since: a trial by edit starts from the recorded file,
+    //    is told nothing changed, and finishes without an edit: no diff, three tokens.
+    let out = promptgen_offline(&package, &server, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(package.read("promptgen/01/a.rs"), A_RECORDED);
+    let before = snapshot(package.dir.path());
+    let requests = server.requests().len();
+    let out =
+        promptgen_offline(&package, &server, &["eval", "--regenerate", "edit", "--seeds", "1", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!stderr(&out).contains("no recorded outputs"), "{}", text(&out));
+    let sent = chats(&server.requests()[requests..]);
+    assert_eq!(sent.len(), 1, "a finish and nothing else: {sent:?}");
+    let told = system_of(&sent[0]);
+    assert!(
+        told.contains(
+            "This task was done before: its files are in place as that run made them: a.rs (3 lines). Since \
+                       then, nothing it depends on changed."
+        ),
+        "{told}"
+    );
+    let summary = json_of(&out);
+    let edit = &summary["rows"][0];
+    assert_eq!((edit["passed"].as_u64(), edit["mean_diff_lines"].as_f64()), (Some(1), Some(0.0)), "{edit:#}");
+    assert_eq!(edit["mean_generated_tokens"], 3.0, "{edit:#}");
+    let trials = trials_by_name(summary["run"].as_str().unwrap());
+    assert_eq!(trials[0].1["made_from"], json!([{"path": "a.rs", "sha256": sha256(A_RECORDED)}]));
+    assert_eq!(trials[0].1["diff_lines"], 0);
+
+    // 3. The prompt changed: two rows, by edit and fresh, two seeds each. Trials by edit are
+    //    told why and replace one line (diff 2); fresh ones write the file whole (diff 3).
+    package.write("prompts/01.md", PROMPT_A1);
+    let before_prompt_change = before;
+    let before = snapshot(package.dir.path());
+    let requests = server.requests().len();
+    let out = promptgen_offline(
+        &package,
+        &server,
+        &["eval", "--regenerate", "edit,fresh", "--seeds", "2", "--format", "json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = stderr(&out);
+    assert!(said.contains("  01 · fake-coder · by edit · seed 2: passed (2 calls, 215 tokens,"), "{said}");
+    assert!(said.contains(", diff 2 lines)") && said.contains(", diff 3 lines)"), "{said}");
+    let summary = json_of(&out);
+    let rows = summary["rows"].as_array().unwrap();
+    let shown: Vec<(&str, &str, u64, u64, f64, f64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["variant"].as_str().unwrap(),
+                r["regenerate"].as_str().unwrap(),
+                r["trials"].as_u64().unwrap(),
+                r["passed"].as_u64().unwrap(),
+                r["mean_diff_lines"].as_f64().unwrap(),
+                r["mean_generated_tokens"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [("fake-coder · by edit", "edit", 2, 2, 2.0, 15.0), ("fake-coder · fresh", "fresh", 2, 2, 3.0, 83.0)],
+        "{summary:#}"
+    );
+    assert!(rows.iter().all(|r| r.get("protocol").is_none() && r.get("constrain").is_none()), "{summary:#}");
+
+    // Each trial's first request: by edit, told the files are in place and the prompt's diff;
+    // fresh, told nothing of them. One of each per seed.
+    let firsts: Vec<Value> = chats(&server.requests()[requests..])
+        .into_iter()
+        .filter(|b| b["messages"].as_array().is_some_and(|m| m.iter().all(|m| m["role"] != "assistant")))
+        .collect();
+    assert_eq!(firsts.len(), 4);
+    for seed in [1, 2] {
+        let of_seed: Vec<&Value> = firsts.iter().filter(|b| b["options"]["seed"] == seed).collect();
+        let (edit, fresh): (Vec<&Value>, Vec<&Value>) =
+            of_seed.iter().partition(|b| system_of(b).contains("This task was done before"));
+        assert_eq!((edit.len(), fresh.len()), (1, 1), "seed {seed}: {of_seed:?}");
+        let told = system_of(edit[0]);
+        assert!(told.contains("Since then, prompt `prompts/01.md` changed."), "{told}");
+        assert!(told.contains("-Write a.rs with fn a.\n+Write a.rs with fn a returning \"a1\".\n"), "{told}");
+    }
+
+    // The records: each trial by its variant, what it started from, its diff, its tree.
+    let run = summary["run"].as_str().unwrap().to_string();
+    let trials = trials_by_name(&run);
+    let names: Vec<&str> = trials.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["01.m0.edit.s1", "01.m0.edit.s2", "01.m0.fresh.s1", "01.m0.fresh.s2"]);
+    for (name, trial) in &trials {
+        let by_edit = name.contains(".edit.");
+        let (regenerate, diff, made_from, ended) = if by_edit {
+            ("edit", 2, json!([{"path": "a.rs", "sha256": sha256(A_RECORDED)}]), A_EDITED)
+        } else {
+            ("fresh", 3, json!([]), A_REWRITTEN)
+        };
+        assert_eq!(
+            (&trial["regenerate"], &trial["diff_lines"], &trial["made_from"], &trial["completion_tokens"]),
+            (&json!(regenerate), &json!(diff), &made_from, &json!(if by_edit { 15 } else { 83 })),
+            "{trial:#}"
+        );
+        assert_eq!(trial["files"], json!([{"path": "a.rs", "sha256": sha256(ended)}]), "{trial:#}");
+        let tree = support::shared_target().join("promptgen/eval").join(&run).join("trees").join(name);
+        assert_eq!(std::fs::read_to_string(tree.join("a.rs")).unwrap(), ended);
+    }
+
+    // The tables: `generated` and `diff lines` after `tokens`; a resumed run keeps its variants.
+    let requests = server.requests().len();
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run, "--format", "md"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(server.requests().len(), requests, "a finished run has nothing left to run");
+    let md = stdout(&out);
+    assert!(md.contains("| calls | tokens | generated | diff lines | wall p50/p95 |"), "{md}");
+    let line = |label: &str| {
+        md.lines().find(|l| l.starts_with(&format!("| 01 | {label} |"))).unwrap_or_else(|| panic!("{md}"))
+    };
+    assert!(line("fake-coder · by edit").contains("| 2 | 215 | 15 | 2 |"), "{md}");
+    assert!(line("fake-coder · fresh").contains("| 2 | 283 | 83 | 3 |"), "{md}");
+    let out = promptgen_offline(&package, &server, &["eval", "--resume", &run, "--format", "junit"]);
+    let junit = stdout(&out);
+    assert!(
+        junit.contains("<testsuite name=\"step 01 · fake-coder · by edit\" tests=\"2\" failures=\"0\">"),
+        "{junit}"
+    );
+    assert!(junit.contains("<property name=\"diff lines\" value=\"3\"/>"), "{junit}");
+
+    // eval recorded nothing: the lock and the store are as the run left them.
+    assert_eq!(changes(&before, &snapshot(package.dir.path())), Vec::<String>::new());
+    assert_eq!(
+        changes(&before_prompt_change, &snapshot(package.dir.path())),
+        ["changed prompts/01.md".to_string()],
+        "only the prompt changed since the chain was recorded"
+    );
 }

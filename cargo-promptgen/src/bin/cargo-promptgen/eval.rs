@@ -1,6 +1,6 @@
 //! `cargo promptgen eval`: runs trials (see the library's `eval` module), prints the table in
-//! the format asked for, and exits 1 when a step × variant (model, protocol, constraint) falls
-//! below its threshold.
+//! the format asked for, and exits 1 when a step × variant (model, protocol, constraint,
+//! regenerate) falls below its threshold.
 
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
@@ -11,7 +11,7 @@ use std::time::Instant;
 use cargo_promptgen::__private::eval::Row;
 use cargo_promptgen::__private::eval::TrialRecord;
 use cargo_promptgen::__private::eval::{self, Outcome, Pace, Report, Spec};
-use cargo_promptgen::__private::{self as internals, Overrides};
+use cargo_promptgen::__private::{self as internals, Overrides, Regenerate};
 use clap::{Args, ValueEnum};
 use codegen_core::{Constrain, ToolProtocol};
 
@@ -38,6 +38,10 @@ pub struct EvalArgs {
     /// repeatable; default: each step's configured `constrain`).
     #[arg(long = "constrain", value_name = "LIST", value_enum, value_delimiter = ',')]
     constrain: Vec<ConstrainArg>,
+    /// Start each trial by edit from the step's recorded outputs, from nothing (fresh), or
+    /// both to compare them (comma-separated, repeatable; default: fresh).
+    #[arg(long = "regenerate", value_name = "LIST", value_enum, value_delimiter = ',')]
+    regenerate: Vec<RegenerateArg>,
     /// Trials per step and variant: seeds seed, seed+1, ... from the step's seed (0 if none).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seeds: u32,
@@ -58,7 +62,7 @@ pub struct EvalArgs {
     /// k of pass^k, the chance that k trials all pass.
     #[arg(long, value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     k: u32,
-    /// The pass rate every row (step × model, protocol, constraint) must reach (beats
+    /// The pass rate every row (step × model, protocol, constraint, regenerate) must reach (beats
     /// `[package.metadata.promptgen.eval]`).
     #[arg(long, value_name = "RATE", value_parser = number_in(internals::PASS_RATES, "a pass rate"))]
     min_pass_rate: Option<f64>,
@@ -66,10 +70,10 @@ pub struct EvalArgs {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
     /// Resume an interrupted run (default: the package's latest): its finished trials are kept.
-    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["replay", "steps", "models", "protocols", "constrain", "chain"])]
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["replay", "steps", "models", "protocols", "constrain", "regenerate", "chain"])]
     resume: Option<String>,
     /// Judge the trials of RUN again with today's checks and tests, calling no model.
-    #[arg(long, value_name = "RUN", conflicts_with_all = ["steps", "models", "protocols", "constrain", "chain"])]
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["steps", "models", "protocols", "constrain", "regenerate", "chain"])]
     replay: Option<String>,
     /// Backend for this run (beats PROMPTGEN_BACKEND and the metadata).
     #[arg(long, value_name = "NAME")]
@@ -88,8 +92,8 @@ pub enum Format {
     Md,
     /// `summary.json`'s content.
     Json,
-    /// JUnit XML: a test suite per row (step × model, protocol, constraint), a test case per
-    /// trial.
+    /// JUnit XML: a test suite per row (step × model, protocol, constraint, regenerate), a test
+    /// case per trial.
     Junit,
 }
 
@@ -133,6 +137,25 @@ impl From<ConstrainArg> for Constrain {
     }
 }
 
+/// `--regenerate`: how a trial starts, spelt as the manifest's `regenerate` spells it.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegenerateArg {
+    /// From the step's recorded outputs, told why the step would run again, changing what that
+    /// requires with edit_file.
+    Edit,
+    /// From nothing, every output written whole.
+    Fresh,
+}
+
+impl From<RegenerateArg> for Regenerate {
+    fn from(regenerate: RegenerateArg) -> Regenerate {
+        match regenerate {
+            RegenerateArg::Edit => Regenerate::Edit,
+            RegenerateArg::Fresh => Regenerate::Fresh,
+        }
+    }
+}
+
 /// A parser of numbers in `range`, so that a value out of it is a usage error (exit 2) that
 /// says what `what` must be.
 fn number_in(range: RangeInclusive<f64>, what: &'static str) -> impl Fn(&str) -> Result<f64, String> + Clone {
@@ -161,14 +184,14 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
     };
     let started = Instant::now();
     // Known once the run begins (a resumed run varies what its plan says).
-    let mut varies_decoding = false;
+    let mut varies = Varies::default();
     let mut show = |report: Report| {
         if quiet {
             return;
         }
         match report {
-            Report::Began { run, dir, trials, done, varies_decoding: varies } => {
-                varies_decoding = varies;
+            Report::Began { run, dir, trials, done, varies_decoding, varies_regenerate } => {
+                varies = Varies { decoding: varies_decoding, regenerate: varies_regenerate };
                 let resumed = if done > 0 { format!(", {done} done before") } else { String::new() };
                 eprintln!(
                     "Evaluating {}: {trials} trials{resumed}; run `{run}` in {}",
@@ -176,7 +199,7 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
                     dir.display()
                 );
             }
-            Report::Finished(trial) => eprintln!("  {}", describe_trial(&trial, varies_decoding)),
+            Report::Finished(trial) => eprintln!("  {}", describe_trial(&trial, varies)),
         }
     };
     let outcome = match (&args.replay, &args.resume) {
@@ -190,6 +213,7 @@ pub fn eval(args: &EvalArgs, output: Output) -> anyhow::Result<ExitCode> {
                 models: args.models.clone(),
                 protocols: args.protocols.iter().map(|&p| p.into()).collect(),
                 constrain: args.constrain.iter().map(|&c| c.into()).collect(),
+                regenerate: args.regenerate.iter().map(|&r| r.into()).collect(),
                 seeds: args.seeds,
                 chain: args.chain,
                 temperature: args.temperature,
@@ -250,28 +274,47 @@ fn percent(rate: f64) -> String {
 }
 
 /// ``model `m` `` for a row of a run that compares models only, else ``model `m` · json ·
-/// constrained``.
+/// constrained`` (and ` · by edit` or ` · fresh`).
 fn with_what(row: &Row) -> String {
     let rest = row.variant.strip_prefix(row.model.as_str()).unwrap_or_default();
     format!("model `{}`{rest}", row.model)
 }
 
-/// A trial's line as it finishes; `varies_decoding`: the run compares protocols or
-/// constraints, so the line names the trial's.
-fn describe_trial(trial: &TrialRecord, varies_decoding: bool) -> String {
-    let variant = if varies_decoding {
+/// What a run compares besides models, so that a trial's line names the trial's.
+#[derive(Debug, Clone, Copy, Default)]
+struct Varies {
+    /// Protocols or constraints.
+    decoding: bool,
+    /// Trials by edit and from nothing.
+    regenerate: bool,
+}
+
+/// A trial's line as it finishes, naming what the run compares (`varies`).
+fn describe_trial(trial: &TrialRecord, varies: Varies) -> String {
+    let mut variant = if varies.decoding {
         // What was asked for, as the rows name it: whether the server enforced it is the record's.
         let constraint = if trial.constrain == Constrain::Off { "unconstrained" } else { "constrained" };
         format!("{} · {} · {constraint}", trial.model, trial.protocol)
     } else {
         trial.model.clone()
     };
+    let mut diff = String::new();
+    if varies.regenerate {
+        variant.push_str(match trial.regenerate {
+            Regenerate::Edit if trial.made_from.is_empty() => " · by edit (nothing recorded: from nothing)",
+            Regenerate::Edit => " · by edit",
+            Regenerate::Fresh => " · fresh",
+        });
+        if let Some(lines) = trial.diff_lines {
+            diff = format!(", diff {lines} lines");
+        }
+    }
     if trial.skipped {
         return format!("{} · {variant} · seed {}: skipped (a step it runs after failed)", trial.step, trial.seed);
     }
     let verdict = if trial.passed { "passed".to_string() } else { format!("failed: {}", trial.classes.join(", ")) };
     format!(
-        "{} · {variant} · seed {}: {verdict} ({} calls, {} tokens, {:.1}s)",
+        "{} · {variant} · seed {}: {verdict} ({} calls, {} tokens, {:.1}s{diff})",
         trial.step,
         trial.seed,
         trial.model_calls,
@@ -280,7 +323,7 @@ fn describe_trial(trial: &TrialRecord, varies_decoding: bool) -> String {
     )
 }
 
-const HEADER: [&str; 13] = [
+const HEADER: [&str; 15] = [
     "step",
     "model",
     "trials",
@@ -293,10 +336,17 @@ const HEADER: [&str; 13] = [
     "runnable",
     "calls",
     "tokens",
+    "generated",
+    "diff lines",
     "wall p50/p95",
 ];
 
-fn cells(row: &Row) -> [String; 13] {
+/// A mean as the table shows it: whole when it is, else to one decimal.
+fn mean_cell(mean: f64) -> String {
+    if mean.fract() == 0.0 { format!("{mean:.0}") } else { format!("{mean:.1}") }
+}
+
+fn cells(row: &Row) -> [String; 15] {
     let of = |n: usize| format!("{n}/{}", row.trials);
     [
         row.step.clone(),
@@ -311,6 +361,8 @@ fn cells(row: &Row) -> [String; 13] {
         format!("{}/{}", row.runnable_replies, row.replies),
         row.median_calls.to_string(),
         row.median_tokens.to_string(),
+        mean_cell(row.mean_generated_tokens),
+        row.mean_diff_lines.map_or_else(|| "-".into(), mean_cell),
         format!("{:.1}s/{:.1}s", row.wall_ms_p50 as f64 / 1000.0, row.wall_ms_p95 as f64 / 1000.0),
     ]
 }
@@ -338,7 +390,7 @@ fn failures_of(row: &Row) -> Option<String> {
 }
 
 fn table(rows: &[Row]) -> String {
-    let cells: Vec<[String; 13]> = rows.iter().map(cells).collect();
+    let cells: Vec<[String; 15]> = rows.iter().map(cells).collect();
     let mut widths = HEADER.map(|h| h.chars().count());
     for row in &cells {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -456,10 +508,14 @@ fn junit(outcome: &Outcome, rows: &[Row]) -> String {
             row.trials - row.passed + threshold_failed
         );
         // JUnit has no place for a row's numbers but a suite's properties.
+        let diff = row.mean_diff_lines.map_or_else(|| "-".into(), mean_cell);
         let _ = writeln!(
             out,
-            "    <properties><property name=\"runnable\" value=\"{}/{}\"/></properties>",
-            row.runnable_replies, row.replies
+            "    <properties><property name=\"runnable\" value=\"{}/{}\"/><property name=\"generated\" \
+             value=\"{}\"/><property name=\"diff lines\" value=\"{diff}\"/></properties>",
+            row.runnable_replies,
+            row.replies,
+            mean_cell(row.mean_generated_tokens)
         );
         for trial in trials {
             let _ = write!(
@@ -518,12 +574,15 @@ mod tests {
 
     #[test]
     fn a_verdict_is_shown_per_trial() {
-        let trial = TrialRecord {
+        let mut trial = TrialRecord {
             trial: "01.m0.s7".into(),
             step: "01".into(),
             model: "m".into(),
             protocol: "blocks".into(),
             constrain: Constrain::Off,
+            regenerate: Regenerate::Fresh,
+            made_from: Vec::new(),
+            diff_lines: Some(4),
             constrained: false,
             replies: 3,
             runnable_replies: 2,
@@ -544,14 +603,28 @@ mod tests {
             output_hash: None,
             files: Vec::new(),
         };
+        let only_models = Varies::default();
         assert_eq!(
-            describe_trial(&trial, false),
+            describe_trial(&trial, only_models),
             "01 · m · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s)"
         );
         // A run that compares protocols or constraints names the trial's.
         assert_eq!(
-            describe_trial(&trial, true),
+            describe_trial(&trial, Varies { decoding: true, regenerate: false }),
             "01 · m · blocks · unconstrained · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s)"
         );
+        // One that compares ways of starting says how it started, and its diff.
+        let by_edit = Varies { decoding: false, regenerate: true };
+        assert_eq!(
+            describe_trial(&trial, by_edit),
+            "01 · m · fresh · seed 7: failed: compiler error E0308 (3 calls, 15 tokens, 1.5s, diff 4 lines)"
+        );
+        trial.regenerate = Regenerate::Edit;
+        assert!(
+            describe_trial(&trial, by_edit).starts_with("01 · m · by edit (nothing recorded: from nothing) · seed 7:"),
+            "an edit of nothing says so"
+        );
+        trial.made_from = vec![cargo_promptgen::__private::LockedFile { path: "a.rs".into(), sha256: "0".repeat(64) }];
+        assert!(describe_trial(&trial, by_edit).starts_with("01 · m · by edit · seed 7:"));
     }
 }
