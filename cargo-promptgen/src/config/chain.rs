@@ -267,7 +267,7 @@ pub struct StepConfig {
 
 /// How a stale step that has recorded outputs runs again: `regenerate = "edit" | "fresh"`.
 /// It never changes a step's key, nor when a step is stale.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Regenerate {
     /// From its recorded outputs: the model's tree holds them, it is told what changed since

@@ -54,7 +54,7 @@ pub struct RunPlan {
     /// How the trials start (`--regenerate`), in the order given: by edit from the step's
     /// recorded outputs, or from nothing. Empty when the run does not vary it: its trials then
     /// start from nothing, as every trial did before the flag.
-    #[serde(default, with = "modes::list")]
+    #[serde(default)]
     pub regenerate: Vec<Regenerate>,
     /// Trials per step × variant: seeds `seed .. seed + seeds`.
     pub seeds: u32,
@@ -219,56 +219,6 @@ pub(super) fn ran_with(
         && regenerate.is_none_or(|regenerate| trial.regenerate == regenerate)
 }
 
-/// `Regenerate` in the files eval keeps, spelt as the manifest and `--regenerate` spell it
-/// (`edit`, `fresh`): the configuration's type is only ever read, so it has no `Serialize`.
-pub(super) mod modes {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use crate::config::Regenerate;
-
-    /// One mode.
-    pub mod one {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(mode: &Regenerate, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.serialize_str(mode.as_str())
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Regenerate, D::Error> {
-            Regenerate::deserialize(deserializer)
-        }
-    }
-
-    /// A mode where one was asked for.
-    pub mod optional {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(mode: &Option<Regenerate>, serializer: S) -> Result<S::Ok, S::Error> {
-            match mode {
-                Some(mode) => serializer.serialize_some(mode.as_str()),
-                None => serializer.serialize_none(),
-            }
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Regenerate>, D::Error> {
-            Option::<Regenerate>::deserialize(deserializer)
-        }
-    }
-
-    /// The modes a run compares.
-    pub mod list {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(modes: &[Regenerate], serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_seq(modes.iter().map(|mode| mode.as_str()))
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Regenerate>, D::Error> {
-            Vec::<Regenerate>::deserialize(deserializer)
-        }
-    }
-}
-
 /// How trials of runs made before `--regenerate` started, and those of runs without it.
 fn from_nothing() -> Regenerate {
     Regenerate::Fresh
@@ -311,7 +261,7 @@ pub struct TrialRecord {
     /// How the trial started: `edit`, from the step's recorded outputs (those in
     /// `made_from`), or `fresh`, from nothing. Trials of runs that do not vary it (and of runs
     /// made before `--regenerate`) started from nothing.
-    #[serde(default = "from_nothing", with = "modes::one")]
+    #[serde(default = "from_nothing")]
     pub regenerate: Regenerate,
     /// The recorded files the trial started from, each with its hash: empty for a trial from
     /// nothing, and for a trial by edit of a step that has nothing recorded, which then started

@@ -11,7 +11,7 @@ use codegen_core::transcript::{Event, Transcript};
 use codegen_core::{Constrain, ToolProtocol};
 use serde::{Deserialize, Serialize};
 
-use super::record::{TrialRecord, Variant, Verdict, modes, ran_with};
+use super::record::{TrialRecord, Variant, Verdict, ran_with};
 use crate::config::Regenerate;
 use crate::files::Files;
 
@@ -236,7 +236,7 @@ pub struct Row {
     pub constrain: Option<Constrain>,
     /// How the row's trials started (`edit` or `fresh`), where the run varies it
     /// (`--regenerate`).
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "modes::optional")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regenerate: Option<Regenerate>,
     /// Trials that ran (skipped ones excluded).
     pub trials: usize,
