@@ -61,9 +61,13 @@ fn a_git_dependency_whose_lock_is_stale_fails_the_build_naming_it_and_calls_no_m
         std::os::unix::fs::symlink(user_home.join("registry"), cargo_home.join("registry")).unwrap();
     }
 
+    // And a target folder of its own: cargo fingerprints a registry crate by the path its
+    // sources were read from, so a build through this cargo home in the shared target folder
+    // would make every other test's build compile the registry crates again, and back.
     let out = run(app
         .cargo(&["build"])
         .env("CARGO_HOME", &cargo_home)
+        .env("CARGO_TARGET_DIR", shared_target().join("with-a-cargo-home-of-its-own"))
         .env("CARGO_HTTP_PROXY", "http://127.0.0.1:9")
         .env("CARGO_NET_RETRY", "0")
         .env("OLLAMA_HOST", server.url())
