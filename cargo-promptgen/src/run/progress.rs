@@ -14,6 +14,9 @@ pub enum Progress {
         id: String,
         /// Why it runs.
         reasons: Vec<String>,
+        /// The recorded files it starts from, in a re-run by edit; empty when it runs from
+        /// nothing.
+        starts_from: Vec<String>,
         /// Its budget of model calls.
         max_model_calls: u32,
         /// The last of the steps it runs after (in the graph's order) and that step's state

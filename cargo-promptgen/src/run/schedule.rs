@@ -315,18 +315,19 @@ impl Schedule<'_> {
                     && let Some((_, (index, assessed))) = steps.queued.pop_first()
                 {
                     let step = &chain.steps[index];
-                    if let StepState::Stale(reasons) = &assessed.state {
-                        progress(Progress::StepStarted {
-                            id: step.id.clone(),
-                            reasons: reasons.clone(),
-                            max_model_calls: step.max_model_calls,
-                            after: steps.last_dependency(index, &result.regenerated),
-                        });
-                    }
                     let revision = match &assessed.state {
                         StepState::Stale(reasons) => Revision::of(step, &records, reasons, &assessed.fingerprint.key()),
                         _ => None,
                     };
+                    if let StepState::Stale(reasons) = &assessed.state {
+                        progress(Progress::StepStarted {
+                            id: step.id.clone(),
+                            reasons: reasons.clone(),
+                            starts_from: revision.iter().flat_map(|r| r.files.keys().cloned()).collect(),
+                            max_model_calls: step.max_model_calls,
+                            after: steps.last_dependency(index, &result.regenerated),
+                        });
+                    }
                     let tree = steps.tree(chain.graph.dependencies(index));
                     let recorded = recorded.get_or_insert_with(|| recorded_files(chain, &records));
                     let (mounted, later) = the_rest_of_the_chain(chain, index, recorded);

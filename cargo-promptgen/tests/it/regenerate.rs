@@ -8,7 +8,8 @@ use promptgen_tests::{FakeLlm, RecordedRequest, Reply, Turn};
 use serde_json::json;
 
 use crate::support::{
-    Package, USER_JSON_GOOD, chain, finish, lock_of, promptgen_offline, run, stdout, text, with_step_keys, write,
+    Package, USER_JSON_GOOD, chain, finish, lock_of, promptgen_offline, run, stderr, stdout, text, with_step_keys,
+    write,
 };
 
 const PROMPT: &str = "Write user_json.rs: to_json and describe for crate::domain::User.\n";
@@ -69,6 +70,7 @@ fn a_prompt_change_is_made_by_edit_from_the_recorded_file_and_fresh_starts_from_
     server.push(finish());
     let out = promptgen_offline(&package, &server, &[]);
     assert!(out.status.success(), "{}", text(&out));
+    assert!(stderr(&out).contains("step 01: running by edit from user_json.rs, because prompt"), "{}", text(&out));
     let told = system_message(&chat_requests(&server)[2]);
     assert!(
         told.contains(
@@ -132,6 +134,7 @@ fn a_prompt_change_is_made_by_edit_from_the_recorded_file_and_fresh_starts_from_
     server.push(finish());
     let out = promptgen_offline(&package, &server, &["--fresh"]);
     assert!(out.status.success(), "{}", text(&out));
+    assert!(stderr(&out).contains("step 01: running, because prompt"), "{}", text(&out));
     assert!(!system_message(&chat_requests(&server)[6]).contains("This task was done before"));
     assert!(lock_of(&package).step("01").unwrap().made_from.is_empty());
     assert_eq!(chat_requests(&server).len(), 8);

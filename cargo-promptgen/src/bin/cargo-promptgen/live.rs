@@ -188,7 +188,13 @@ pub fn plain_line(progress: &Progress, verbosity: Verbosity) -> Option<String> {
     }
     let verbose = verbosity == Verbosity::Verbose;
     Some(match progress {
-        Progress::StepStarted { id, reasons, .. } => format!("step {id}: running, because {}", reasons.join("; ")),
+        Progress::StepStarted { id, reasons, starts_from, .. } => {
+            let how = match starts_from.as_slice() {
+                [] => String::new(),
+                files => format!(" by edit from {}", files.join(", ")),
+            };
+            format!("step {id}: running{how}, because {}", reasons.join("; "))
+        }
         Progress::Retry { id, run, seed, reason } => {
             let reason = reason.lines().next().unwrap_or_default();
             format!("step {id}: run {run}, with seed {seed}, because the last run failed: {reason}")
@@ -393,12 +399,24 @@ mod tests {
         let started = Progress::StepStarted {
             id: "01".into(),
             reasons: vec!["prompt changed".into()],
+            starts_from: Vec::new(),
             max_model_calls: 8,
             after: None,
         };
         assert_eq!(
             plain_line(&started, Verbosity::Normal).as_deref(),
             Some("step 01: running, because prompt changed")
+        );
+        let by_edit = Progress::StepStarted {
+            id: "01".into(),
+            reasons: vec!["prompt changed".into()],
+            starts_from: vec!["a.rs".into(), "b.rs".into()],
+            max_model_calls: 8,
+            after: None,
+        };
+        assert_eq!(
+            plain_line(&by_edit, Verbosity::Normal).as_deref(),
+            Some("step 01: running by edit from a.rs, b.rs, because prompt changed")
         );
         assert_eq!(plain_line(&started, Verbosity::Quiet), None);
         let tool = Progress::ToolRan { id: "01".into(), tool: "finish".into(), ok: false };
