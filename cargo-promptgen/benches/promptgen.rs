@@ -1046,7 +1046,7 @@ fn graph_jobs() {
     let before = server.requests().len();
     let stderr = promptgen_run(&package, &server, &["--jobs", "4"]);
     let calls = server.requests().len() - before;
-    let regenerated = stderr.lines().filter(|l| l.contains(": running, because")).count();
+    let regenerated = stderr.lines().filter(|l| l.contains(": running") && l.contains(", because ")).count();
     println!(
         "   editing leaf step {leaf}: {regenerated} step regenerated ({calls} model calls)  goal exactly 1: {}\n",
         verdict(regenerated == 1 && calls == 2 && stderr.contains(&format!("1 of {STEPS} steps regenerated")))

@@ -78,8 +78,8 @@ fn step_flag_regenerates_that_step_and_leaves_the_steps_after_it_stale_when_its_
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(server.requests().len(), 14, "{}", text(&out));
     let err = stderr(&out);
-    assert!(err.contains("step 02: running, because the previous step's output changed"), "{err}");
-    assert!(err.contains("step 03: running, because the previous step's output changed"), "{err}");
+    assert!(err.contains("step 02: running by edit from b.rs, because the previous step's output changed"), "{err}");
+    assert!(err.contains("step 03: running by edit from c.rs, because the previous step's output changed"), "{err}");
     assert!(err.contains("2 of 3 steps regenerated"), "{err}");
     let out = run(&mut package.promptgen(&["check"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

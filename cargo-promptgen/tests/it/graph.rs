@@ -234,7 +234,10 @@ fn an_edit_regenerates_the_step_and_its_dependents_only_and_status_check_and_gra
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let err = stderr(&out);
     assert!(err.contains("2 of 4 steps regenerated"), "{err}");
-    assert!(err.contains("step 04: running, because the output of step 02, which it runs after, changed"), "{err}");
+    assert!(
+        err.contains("step 04: running by edit from d.rs, because the output of step 02, which it runs after, changed"),
+        "{err}"
+    );
     let requests = server.requests();
     let ran: std::collections::BTreeSet<&str> = requests[before..]
         .iter()
@@ -629,7 +632,9 @@ fn a_real_crate_checks_two_independent_steps_at_once_and_an_edit_to_one_leaves_t
         .collect();
     assert_eq!(ran, ["03", "03", "04", "04"], "{}", text(&out));
     assert!(
-        stderr(&out).contains("step 04: running, because the output of step 03, which it runs after, changed"),
+        stderr(&out).contains(
+            "step 04: running by edit from report.rs, because the output of step 03, which it runs after, changed"
+        ),
         "{}",
         text(&out)
     );
