@@ -2,8 +2,9 @@
 //! the pending lock and store a build left, read once.
 
 use crate::error::Error;
+use crate::files::Files;
 use crate::record::layout::Layout;
-use crate::record::lock::Lock;
+use crate::record::lock::{Lock, LockedStep};
 use crate::record::store::{Storage, Store};
 
 /// The committed and pending records of a package, read once.
@@ -29,5 +30,20 @@ impl Records {
             pending: if pending_path.exists() { Some(Lock::read(&pending_path)?) } else { None },
             pending_store: layout.pending_store(),
         })
+    }
+
+    /// Step `id`'s recorded result whose files read whole and hash as its lock says: the
+    /// pending one, else the committed one (as a build uses them); with where it was read from.
+    pub fn recorded_step(&self, id: &str) -> Option<(&LockedStep, Storage, Files)> {
+        let pending = self
+            .pending
+            .as_ref()
+            .and_then(|lock| lock.step(id))
+            .map(|entry| (entry, Storage::Folder(self.pending_store.clone())));
+        let committed = self.lock.step(id).map(|entry| (entry, self.store.clone()));
+        [pending, committed]
+            .into_iter()
+            .flatten()
+            .find_map(|(entry, storage)| storage.load(entry).ok().map(|files| (entry, storage, files)))
     }
 }

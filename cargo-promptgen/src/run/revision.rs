@@ -42,7 +42,7 @@ impl Revision {
         if step.regenerate == Regenerate::Fresh {
             return None;
         }
-        let (entry, storage, files) = recorded(step, records)?;
+        let (entry, storage, files) = records.recorded_step(&step.id)?;
         if entry.key == key {
             return None;
         }
@@ -60,7 +60,7 @@ impl Revision {
     ///
     /// [`of`]: Revision::of
     pub fn for_trial(step: &StepConfig, records: &Records, reasons: &[String]) -> Option<Revision> {
-        let (entry, storage, files) = recorded(step, records)?;
+        let (entry, storage, files) = records.recorded_step(&step.id)?;
         let files = still_declared(step, files)?;
         Some(Revision { files, reasons: reasons.to_vec(), previous_prompt: previous_prompt(&storage, entry) })
     }
@@ -111,21 +111,6 @@ impl Revision {
         }
         out
     }
-}
-
-/// `step`'s recorded result whose files read whole and hash as its lock says: the pending
-/// one, else the committed one; with where it was read from.
-fn recorded<'r>(step: &StepConfig, records: &'r Records) -> Option<(&'r LockedStep, Storage, Files)> {
-    let pending = records
-        .pending
-        .as_ref()
-        .and_then(|lock| lock.step(&step.id))
-        .map(|entry| (entry, Storage::Folder(records.pending_store.clone())));
-    let committed = records.lock.step(&step.id).map(|entry| (entry, records.store.clone()));
-    [pending, committed]
-        .into_iter()
-        .flatten()
-        .find_map(|(entry, storage)| storage.load(entry).ok().map(|files| (entry, storage, files)))
 }
 
 /// Those of `files` that `step` still declares; `None` when none is left.

@@ -13,13 +13,7 @@ use crate::record::records::Records;
 pub fn recorded_files(chain: &Chain, records: &Records) -> BTreeMap<String, Files> {
     let mut recorded = BTreeMap::new();
     for step in &chain.steps {
-        let pending = records
-            .pending
-            .as_ref()
-            .and_then(|lock| lock.step(&step.id))
-            .and_then(|e| records.pending_store.load(e).ok());
-        let files = pending.or_else(|| records.lock.step(&step.id).and_then(|e| records.store.load(e).ok()));
-        if let Some(files) = files {
+        if let Some((_, _, files)) = records.recorded_step(&step.id) {
             recorded.insert(step.id.clone(), files);
         }
     }
